@@ -6,3 +6,8 @@
 //! only glue these steps together; background services in [`signals`] and [`pools`] own all I/O.
 
 pub mod sim;
+pub mod policy;
+pub mod config;
+pub mod tenancy;
+pub mod shaping;
+pub mod admission;

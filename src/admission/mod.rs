@@ -1,0 +1,86 @@
+//! Admission: each tier's in-flight capacity (a hard bound in every pressure state) and the
+//! bounded FIFO queue that queue-eligible tiers wait in when their capacity is full.
+//!
+//! An admitted request holds a [`Slot`]; dropping it releases the capacity. The proxy keeps the
+//! slot in its per-request context, which lives until the response body (a whole SSE stream
+//! included) has been sent or the client went away — not merely until headers were written.
+
+mod local;
+
+pub use local::LocalAdmission;
+
+use crate::policy::{Reason, Tier};
+use async_trait::async_trait;
+use std::time::Duration;
+
+/// Queue bounds for one admission attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueParams {
+    pub max_size: usize,
+    pub max_wait: Duration,
+    /// Re-check period for coordinators that cannot be woken directly.
+    pub poll: Duration,
+}
+
+#[derive(Debug)]
+pub enum Admission {
+    Admitted {
+        slot: Slot,
+        /// Time spent in the queue, when the request waited.
+        queued_for: Option<Duration>,
+    },
+    /// `TierAtCapacity`, `QueueDropped`, `QueueTimedOut` or `Draining`.
+    Refused { reason: Reason, queued_for: Option<Duration> },
+}
+
+/// Per-tier counters for `/status` and `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TierAdmission {
+    pub inflight: u64,
+    pub queued: u64,
+    pub capacity: u32,
+}
+
+#[async_trait]
+pub trait AdmissionControl: Send + Sync {
+    /// Takes a slot for `tier` if fewer than `capacity` are in flight (0 = unlimited); otherwise
+    /// waits in the tier's queue when `queue` is given, or refuses.
+    async fn admit(&self, tier: Tier, capacity: u32, queue: Option<QueueParams>) -> Admission;
+    fn status(&self, tier: Tier) -> TierAdmission;
+    /// Which coordinator this is (`local`, `redis`), for `/status`.
+    fn kind(&self) -> &'static str;
+}
+
+type Release = Box<dyn FnOnce() + Send + Sync>;
+
+/// A held unit of a tier's capacity. Released exactly once, on drop.
+pub struct Slot {
+    release: Option<Release>,
+}
+
+impl Slot {
+    pub fn new(release: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self {
+            release: Some(Box::new(release)),
+        }
+    }
+
+    /// Forgets the slot without releasing it (its capacity was handed to someone else).
+    fn disarm(mut self) {
+        self.release = None;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release();
+        }
+    }
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.release.is_some() { "Slot(held)" } else { "Slot(released)" })
+    }
+}

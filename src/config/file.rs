@@ -1,0 +1,459 @@
+//! The config file's shape. Every section has documented defaults, so an empty file is a valid
+//! config pointing at 127.0.0.1:8001 (on-demand) and 127.0.0.1:8002 (spot).
+
+use crate::policy::fallback::FallbackTuning;
+use crate::policy::pressure::{Threshold, Thresholds};
+use crate::policy::stability::StabilityTuning;
+use crate::policy::tenant_policy::{PolicyRules, TierRules};
+use crate::policy::{Pool, Tier};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Proxy listeners (ops endpoints share them).
+    pub listen: Vec<String>,
+    /// Pingora's own server settings (`threads`, `grace_period_seconds`, `upgrade_sock`, …).
+    /// `threads` defaults to the machine's cores instead of Pingora's 1.
+    pub server: serde_yaml::Mapping,
+    /// A file in the seed's shape (`tenants: {name: Tier}`, optional `api_keys`), relative to
+    /// this config's directory.
+    pub tenants_file: Option<PathBuf>,
+    pub tenants: BTreeMap<String, String>,
+    pub api_keys: Vec<ApiKey>,
+    pub auth: AuthConfig,
+    pub pools: PoolsConfig,
+    pub fallbacks: Vec<FallbackTarget>,
+    pub signals: SignalsConfig,
+    pub stability: StabilityConfig,
+    pub fallback: FallbackConfig,
+    pub queue: QueueConfig,
+    pub tiers: TiersConfig,
+    pub routing: RoutingConfig,
+    pub limits: LimitsConfig,
+    pub decisions: DecisionsConfig,
+    /// PostgreSQL decision ledger (`SLUICE_DATABASE_URL`).
+    pub database_url: Option<String>,
+    /// Redis admission coordinator (`SLUICE_REDIS_URL`).
+    pub redis_url: Option<String>,
+    /// Prometheus signal source (`SLUICE_PROMETHEUS_URL`).
+    pub prometheus_url: Option<String>,
+    /// Where the config came from (for messages); not a key.
+    #[serde(skip)]
+    pub source: String,
+    #[serde(skip)]
+    pub tenants_source: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: vec!["127.0.0.1:8080".into()],
+            server: serde_yaml::Mapping::new(),
+            tenants_file: None,
+            tenants: BTreeMap::new(),
+            api_keys: Vec::new(),
+            auth: AuthConfig::default(),
+            pools: PoolsConfig::default(),
+            fallbacks: Vec::new(),
+            signals: SignalsConfig::default(),
+            stability: StabilityConfig::default(),
+            fallback: FallbackConfig::default(),
+            queue: QueueConfig::default(),
+            tiers: TiersConfig::default(),
+            routing: RoutingConfig::default(),
+            limits: LimitsConfig::default(),
+            decisions: DecisionsConfig::default(),
+            database_url: None,
+            redis_url: None,
+            prometheus_url: None,
+            source: String::new(),
+            tenants_source: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantsFile {
+    pub tenants: BTreeMap<String, String>,
+    pub api_keys: Vec<ApiKey>,
+}
+
+/// An API key, stored only as the SHA-256 of the key (hex).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    pub tenant: String,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Refuse requests without a valid API key (401); `X-Tenant-ID` is then ignored.
+    pub require_api_key: bool,
+    /// Tier for a missing or unknown tenant when keys are not required; `reject` answers 401.
+    pub unknown_tenant: String,
+    /// Admin token for `/admin/*` (`SLUICE_ADMIN_TOKEN`); without one, admin answers loopback only.
+    pub admin_token: Option<String>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            require_api_key: false,
+            unknown_tenant: "Best-Effort".into(),
+            admin_token: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolsConfig {
+    #[serde(rename = "on-demand")]
+    pub on_demand: PoolConfig,
+    pub spot: PoolConfig,
+}
+
+impl Default for PoolsConfig {
+    fn default() -> Self {
+        Self {
+            on_demand: PoolConfig::with_backend("127.0.0.1:8001"),
+            spot: PoolConfig::with_backend("127.0.0.1:8002"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// `host:port` of each OpenAI-compatible backend (vLLM).
+    pub backends: Vec<String>,
+    pub health_check: HealthCheckConfig,
+}
+
+impl PoolConfig {
+    pub fn with_backend(addr: &str) -> Self {
+        Self {
+            backends: vec![addr.into()],
+            health_check: HealthCheckConfig::default(),
+        }
+    }
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            backends: Vec::new(),
+            health_check: HealthCheckConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthCheckConfig {
+    /// vLLM answers 200 on `/health` when its engine is alive.
+    pub path: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub consecutive_success: usize,
+    pub consecutive_failure: usize,
+}
+
+impl Default for HealthCheckConfig {
+    fn default() -> Self {
+        Self {
+            path: "/health".into(),
+            interval_ms: 1000,
+            timeout_ms: 1000,
+            consecutive_success: 1,
+            consecutive_failure: 2,
+        }
+    }
+}
+
+/// A smaller model on its own backend, used under sustained pressure. The first healthy one in
+/// list order is used.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FallbackTarget {
+    pub name: String,
+    /// `http://host:port` of the backend serving `model`.
+    pub url: String,
+    pub model: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SignalsConfig {
+    /// How often backends' `/metrics` are scraped and the policy state advanced.
+    pub scrape_interval_ms: u64,
+    pub scrape_timeout_ms: u64,
+    /// A sample older than this is unavailable, never used as if fresh.
+    pub stale_after_ms: u64,
+}
+
+impl Default for SignalsConfig {
+    fn default() -> Self {
+        Self {
+            scrape_interval_ms: 1000,
+            scrape_timeout_ms: 500,
+            stale_after_ms: 5000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StabilityConfig {
+    pub consecutive_samples: u32,
+    pub cooldown_seconds: f64,
+    pub hysteresis: f64,
+    pub queue_depth_hysteresis: f64,
+    pub sla_rate_hysteresis: f64,
+}
+
+impl Default for StabilityConfig {
+    fn default() -> Self {
+        let t = StabilityTuning::default();
+        Self {
+            consecutive_samples: t.consecutive_samples,
+            cooldown_seconds: t.cooldown_ms as f64 / 1000.0,
+            hysteresis: t.hysteresis,
+            queue_depth_hysteresis: t.queue_depth_hysteresis,
+            sla_rate_hysteresis: t.sla_rate_hysteresis,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FallbackConfig {
+    pub pressure_at: f64,
+    pub recover_below: f64,
+    pub sustained_intervals: u32,
+    pub cooldown_seconds: f64,
+}
+
+impl Default for FallbackConfig {
+    fn default() -> Self {
+        let t = FallbackTuning::default();
+        Self {
+            pressure_at: t.pressure_at,
+            recover_below: t.recover_below,
+            sustained_intervals: t.sustained_intervals,
+            cooldown_seconds: t.cooldown_ms as f64 / 1000.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    /// Queued requests per tier, across the deployment.
+    pub max_size: usize,
+    pub max_wait_seconds: f64,
+    /// How often a distributed queue re-checks its head; the in-process queue is woken directly.
+    pub poll_seconds: f64,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            max_size: 100,
+            max_wait_seconds: 2.0,
+            poll_seconds: 0.05,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TiersConfig {
+    #[serde(rename = "Guaranteed")]
+    pub guaranteed: TierConfig,
+    #[serde(rename = "Standard")]
+    pub standard: TierConfig,
+    #[serde(rename = "Best-Effort")]
+    pub best_effort: TierConfig,
+}
+
+impl TiersConfig {
+    pub fn get(&self, tier: Tier) -> &TierConfig {
+        match tier {
+            Tier::Guaranteed => &self.guaranteed,
+            Tier::Standard => &self.standard,
+            Tier::BestEffort => &self.best_effort,
+        }
+    }
+}
+
+/// Every key is optional and falls back to the tier's built-in default. A signal block under
+/// `thresholds` replaces that signal's default whole: a step left out of it is disabled.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TierConfig {
+    pub sla_target_ms: Option<u64>,
+    /// 0 = unlimited.
+    pub inflight_capacity: Option<u32>,
+    /// `max_tokens` cap in the Elevated state; `0` disables the degrade step.
+    pub max_tokens_cap: Option<u32>,
+    pub queue: Option<bool>,
+    pub fallback: Option<bool>,
+    /// `on-demand` or `spot`.
+    pub pool: Option<String>,
+    pub thresholds: ThresholdsConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ThresholdsConfig {
+    pub pressure: Option<ThresholdConfig>,
+    pub queue_depth: Option<ThresholdConfig>,
+    pub sla_violation_rate: Option<ThresholdConfig>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ThresholdConfig {
+    pub elevated_at: Option<f64>,
+    pub critical_at: Option<f64>,
+}
+
+impl From<ThresholdConfig> for Threshold {
+    fn from(t: ThresholdConfig) -> Self {
+        Threshold::new(t.elevated_at, t.critical_at)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoutingConfig {
+    /// Spot's own KV pressure at which Best-Effort is evicted to on-demand.
+    pub spot_evict_pressure_at: Option<f64>,
+    /// Spot's own waiting queue at which Best-Effort is evicted to on-demand.
+    pub spot_evict_queue_depth_at: Option<f64>,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        let t = PolicyRules::default().spot_eviction;
+        Self {
+            spot_evict_pressure_at: t.pressure.critical_at,
+            spot_evict_queue_depth_at: t.queue_depth.critical_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Larger request bodies get 413.
+    pub max_body_bytes: usize,
+    /// With `true`, a body that must be rewritten but is not JSON is refused (400); otherwise a
+    /// non-JSON body is forwarded untouched when the decision needs no rewrite.
+    pub require_json: bool,
+    pub upstream_connect_timeout_ms: u64,
+    /// Per read from the backend: bounds time to first token and each gap between stream chunks,
+    /// not the whole generation.
+    pub upstream_read_timeout_ms: u64,
+    /// How long a pooled upstream connection may idle; below uvicorn's 5 s keep-alive.
+    pub upstream_idle_timeout_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 4 * 1024 * 1024,
+            require_json: false,
+            upstream_connect_timeout_ms: 1000,
+            upstream_read_timeout_ms: 120_000,
+            upstream_idle_timeout_ms: 4000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DecisionsConfig {
+    /// Recent decisions kept in memory for `/decisions/recent`.
+    pub ring_size: usize,
+}
+
+impl Default for DecisionsConfig {
+    fn default() -> Self {
+        Self { ring_size: 1000 }
+    }
+}
+
+fn secs_to_ms(s: f64) -> u64 {
+    (s * 1000.0).round().max(0.0) as u64
+}
+
+pub(super) fn policy_rules(cfg: &Config) -> PolicyRules {
+    let defaults = PolicyRules::default();
+    let tiers = Tier::ALL.map(|tier| {
+        let d = defaults.tier(tier).clone();
+        let c = cfg.tiers.get(tier);
+        let th = &c.thresholds;
+        TierRules {
+            thresholds: Thresholds {
+                pressure: th.pressure.map(Into::into).unwrap_or(d.thresholds.pressure),
+                queue_depth: th.queue_depth.map(Into::into).unwrap_or(d.thresholds.queue_depth),
+                sla_violation_rate: th
+                    .sla_violation_rate
+                    .map(Into::into)
+                    .unwrap_or(d.thresholds.sla_violation_rate),
+            },
+            max_tokens_cap: match c.max_tokens_cap {
+                Some(0) => None,
+                Some(n) => Some(n),
+                None => d.max_tokens_cap,
+            },
+            queue_eligible: c.queue.unwrap_or(d.queue_eligible),
+            fallback_eligible: c.fallback.unwrap_or(d.fallback_eligible),
+            preferred_pool: match c.pool.as_deref() {
+                Some("spot") => Pool::Spot,
+                Some(_) => Pool::OnDemand,
+                None => d.preferred_pool,
+            },
+            sla_target_ms: c.sla_target_ms.unwrap_or(d.sla_target_ms),
+            inflight_capacity: c.inflight_capacity.unwrap_or(d.inflight_capacity),
+        }
+    });
+    PolicyRules {
+        tiers,
+        stability: StabilityTuning {
+            consecutive_samples: cfg.stability.consecutive_samples,
+            cooldown_ms: secs_to_ms(cfg.stability.cooldown_seconds),
+            hysteresis: cfg.stability.hysteresis,
+            queue_depth_hysteresis: cfg.stability.queue_depth_hysteresis,
+            sla_rate_hysteresis: cfg.stability.sla_rate_hysteresis,
+        },
+        fallback: FallbackTuning {
+            pressure_at: cfg.fallback.pressure_at,
+            recover_below: cfg.fallback.recover_below,
+            sustained_intervals: cfg.fallback.sustained_intervals,
+            cooldown_ms: secs_to_ms(cfg.fallback.cooldown_seconds),
+        },
+        spot_eviction: Thresholds {
+            pressure: Threshold::new(None, cfg.routing.spot_evict_pressure_at),
+            queue_depth: Threshold::new(None, cfg.routing.spot_evict_queue_depth_at),
+            sla_violation_rate: Threshold::default(),
+        },
+    }
+}
+
+impl QueueConfig {
+    pub fn max_wait_ms(&self) -> u64 {
+        secs_to_ms(self.max_wait_seconds)
+    }
+    pub fn poll_ms(&self) -> u64 {
+        secs_to_ms(self.poll_seconds).max(1)
+    }
+}

@@ -1,0 +1,138 @@
+//! Configuration: the YAML file (`conf/sluice.yaml`) plus `conf/tenants.yaml`, overridden by
+//! `SLUICE_*` environment variables (see [`env`]), then command-line flags. Precedence is
+//! CLI > environment > file > built-in default. [`Config::load`] returns either a validated
+//! config or a [`ConfigError`] naming the file, the key and the reason.
+
+pub mod env;
+mod file;
+mod validate;
+
+pub use file::*;
+pub use validate::backend_of_url;
+
+use crate::policy::tenant_policy::PolicyRules;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A configuration problem a user can fix: which file, which key, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    pub key: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub fn new(file: impl Into<String>, key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            file: file.into(),
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.file, self.key, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The configuration shipped inside the binary, used by `sluice demo` and as the base of tests.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../conf/sluice.yaml");
+pub const EMBEDDED_TENANTS: &str = include_str!("../../conf/tenants.yaml");
+
+impl Config {
+    /// Reads, merges and validates the config at `path` using the process environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Self::load_with_env(path, &env::process_env)
+    }
+
+    pub fn load_with_env(path: &Path, env: &env::EnvFn) -> Result<Config, ConfigError> {
+        let label = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(&label, "(file)", format!("cannot read: {e}")))?;
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::from_yaml(&text, &label, &dir, None, env)
+    }
+
+    /// Parses a config from text. `tenants_text` supplies the tenants file's contents when the
+    /// config names one that does not exist on disk (the embedded demo).
+    pub fn from_yaml(
+        text: &str,
+        label: &str,
+        dir: &Path,
+        tenants_text: Option<&str>,
+        env: &env::EnvFn,
+    ) -> Result<Config, ConfigError> {
+        let mut cfg: Config = serde_yaml::from_str(text).map_err(|e| yaml_error(label, &e))?;
+        cfg.source = label.to_string();
+        if let Some(rel) = cfg.tenants_file.clone() {
+            let path = if rel.is_absolute() { rel } else { dir.join(rel) };
+            let tlabel = path.display().to_string();
+            let ttext = match (std::fs::read_to_string(&path), tenants_text) {
+                (Ok(t), _) => t,
+                (Err(_), Some(t)) => t.to_string(),
+                (Err(e), None) => {
+                    return Err(ConfigError::new(label, "tenants_file", format!("cannot read {tlabel}: {e}")))
+                }
+            };
+            let tf: TenantsFile = serde_yaml::from_str(&ttext).map_err(|e| yaml_error(&tlabel, &e))?;
+            for (name, tier) in tf.tenants {
+                cfg.tenants.entry(name).or_insert(tier);
+            }
+            cfg.api_keys.extend(tf.api_keys);
+            cfg.tenants_source = tlabel;
+        } else {
+            cfg.tenants_source = label.to_string();
+        }
+        env::apply(&mut cfg, env)?;
+        validate::validate(&cfg)?;
+        Ok(cfg)
+    }
+
+    /// The embedded default, as `sluice demo` runs it.
+    pub fn embedded(env: &env::EnvFn) -> Result<Config, ConfigError> {
+        Self::from_yaml(
+            EMBEDDED_DEFAULT,
+            "(embedded conf/sluice.yaml)",
+            &PathBuf::from("conf"),
+            Some(EMBEDDED_TENANTS),
+            env,
+        )
+    }
+
+    /// Pingora's server settings from the `server:` section. `threads` defaults to the
+    /// machine's cores: Pingora's default of one worker thread would leave cores idle.
+    pub fn server_conf(&self) -> Result<pingora::server::configuration::ServerConf, ConfigError> {
+        let mut map = self.server.clone();
+        let threads = serde_yaml::Value::from("threads");
+        if !map.contains_key(&threads) {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            map.insert(threads, serde_yaml::Value::from(cores as u64));
+        }
+        let conf: pingora::server::configuration::ServerConf =
+            serde_yaml::from_value(serde_yaml::Value::Mapping(map)).map_err(|e| {
+                let e = yaml_error(&self.source, &e);
+                ConfigError::new(e.file, format!("server.{}", e.key), e.reason)
+            })?;
+        conf.validate()
+            .map_err(|e| ConfigError::new(&self.source, "server", e.to_string()))
+    }
+
+    pub fn policy_rules(&self) -> PolicyRules {
+        file::policy_rules(self)
+    }
+}
+
+/// serde_yaml's messages already carry the key path ("tiers.Standard.inflight_capacity: invalid
+/// type …"); split it out so every error has the same file/key/reason shape.
+fn yaml_error(label: &str, e: &serde_yaml::Error) -> ConfigError {
+    let msg = e.to_string();
+    match msg.split_once(": ") {
+        Some((key, reason)) if !key.contains(' ') => ConfigError::new(label, key, reason),
+        _ => ConfigError::new(label, "(document)", msg),
+    }
+}

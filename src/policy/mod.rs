@@ -1,0 +1,187 @@
+//! The policy core: pure, deterministic, no I/O. Time is passed in as milliseconds on a monotonic
+//! clock the caller owns, so one event model drives unit tests, the simulator and live runs alike.
+//!
+//! Two entry points:
+//! - [`PolicyEngine::observe`] runs once per signal sample (a background tick). It evaluates each
+//!   tier's pressure state through [`pressure`] and [`stability`] and advances the [`fallback`]
+//!   tracker, producing an immutable [`PolicyState`].
+//! - [`decide`] runs once per request against the latest [`PolicyState`]: [`tenant_policy`] turns
+//!   the tier's state into a plan, [`action`] picks the intervention and [`routing`] picks the pool.
+
+pub mod action;
+pub mod fallback;
+pub mod pressure;
+pub mod reason;
+pub mod routing;
+pub mod stability;
+pub mod tenant_policy;
+mod types;
+
+pub use reason::Reason;
+pub use types::*;
+
+use fallback::SustainedPressureTracker;
+use stability::StabilityModel;
+use tenant_policy::PolicyRules;
+
+/// Milliseconds on a caller-owned monotonic clock.
+pub type Millis = u64;
+
+/// Holds the state that must persist between samples: one stability model per tier and the
+/// fallback tracker. Everything else is recomputed from each sample.
+#[derive(Debug, Clone)]
+pub struct PolicyEngine {
+    rules: PolicyRules,
+    stability: [StabilityModel; 3],
+    fallback: SustainedPressureTracker,
+}
+
+impl PolicyEngine {
+    pub fn new(rules: PolicyRules) -> Self {
+        let stability = Tier::ALL.map(|_| StabilityModel::new(rules.stability.clone()));
+        let fallback = SustainedPressureTracker::new(rules.fallback.clone());
+        Self {
+            rules,
+            stability,
+            fallback,
+        }
+    }
+
+    pub fn rules(&self) -> &PolicyRules {
+        &self.rules
+    }
+
+    /// Replaces the rules (hot reload) while keeping each tier's current state, so a reload never
+    /// resets a tier that is shedding load back to Normal.
+    pub fn set_rules(&mut self, rules: PolicyRules) {
+        for model in &mut self.stability {
+            model.set_tuning(rules.stability.clone());
+        }
+        self.fallback.set_tuning(rules.fallback.clone());
+        self.rules = rules;
+    }
+
+    /// Feeds one sample of the signals (on-demand pool for tier states, spot pool for eviction).
+    pub fn observe(&mut self, signals: &PoolSignals, spot: &PoolSignals, now: Millis) -> PolicyState {
+        let tiers = Tier::ALL.map(|tier| {
+            let rules = self.rules.tier(tier);
+            let raw = pressure::evaluate(&rules.thresholds, signals, &self.rules.stability);
+            let model = &mut self.stability[tier.index()];
+            let state = model.observe(&raw, now);
+            TierState {
+                tier,
+                state,
+                driver: model.driver(),
+                fail_open: raw.all_unavailable,
+                pressure_unavailable: signals.pressure.is_none(),
+            }
+        });
+        let fallback_active = self.fallback.observe(signals.pressure, now);
+        let spot_state = pressure::evaluate(
+            &self.rules.spot_eviction,
+            spot,
+            &self.rules.stability,
+        )
+        .escalate;
+        PolicyState {
+            tiers,
+            fallback_active,
+            spot_state,
+            signals: *signals,
+            spot_signals: *spot,
+            at: now,
+        }
+    }
+}
+
+/// Decides one request. Pure: the same state, rules and request always give the same decision.
+pub fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFacts) -> Decision {
+    let tier_state = &state.tiers[req.tier.index()];
+    let plan = tenant_policy::plan(rules, tier_state, state.fallback_active);
+    let (action, reason) = action::select(&plan, tier_state, req);
+    let (pool, route_reason) = routing::route(&plan, &action, state.spot_state, req.spot_healthy);
+    Decision {
+        tier: req.tier,
+        state: tier_state.state,
+        action,
+        reason,
+        pool,
+        route_reason,
+        queue_eligible: plan.queue_eligible,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(tier: Tier) -> RequestFacts {
+        RequestFacts {
+            tier,
+            shapeable: true,
+            fallback_available: true,
+            spot_healthy: true,
+        }
+    }
+
+    fn pressure(p: f64) -> PoolSignals {
+        PoolSignals {
+            pressure: Some(p),
+            ..Default::default()
+        }
+    }
+
+    /// Drives the whole pipeline through the "done when" story in simulated time.
+    #[test]
+    fn pressure_story_through_the_pipeline() {
+        let mut engine = PolicyEngine::new(PolicyRules::default());
+        let spot = PoolSignals::default();
+        let mut now = 0;
+        let mut run = |p: f64, samples: u32| {
+            let mut s = None;
+            for _ in 0..samples {
+                now += 1000;
+                s = Some(engine.observe(&pressure(p), &spot, now));
+            }
+            s.unwrap()
+        };
+        let s = run(20.0, 3);
+        let d = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
+        assert_eq!((d.action, d.reason, d.pool), (Action::Pass, Reason::BelowTierThreshold, Pool::Spot));
+
+        let s = run(65.0, 2);
+        let be = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
+        assert_eq!((be.action, be.reason), (Action::Reject, Reason::RejectPressure));
+        let g = decide(&s, &PolicyRules::default(), &facts(Tier::Guaranteed));
+        assert_eq!(g.action, Action::Pass);
+
+        let s = run(75.0, 3);
+        let st = decide(&s, &PolicyRules::default(), &facts(Tier::Standard));
+        assert_eq!(st.action, Action::Degrade { max_tokens: 256 });
+        assert_eq!(st.state, PressureState::Elevated);
+
+        let s = run(87.0, 3);
+        let st = decide(&s, &PolicyRules::default(), &facts(Tier::Standard));
+        assert_eq!(st.action, Action::Fallback { max_tokens: Some(256) });
+        assert_eq!(st.pool, Pool::Fallback);
+
+        let s = run(20.0, 4);
+        let st = decide(&s, &PolicyRules::default(), &facts(Tier::Standard));
+        assert_eq!(st.action, Action::Pass, "recovered: fallback released, state Normal");
+    }
+
+    #[test]
+    fn no_samples_fails_open() {
+        let s = PolicyState::initial();
+        let d = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
+        assert_eq!((d.action, d.reason), (Action::Pass, Reason::SignalsUnavailableFailOpen));
+    }
+
+    #[test]
+    fn spot_pressure_evicts_best_effort() {
+        let mut engine = PolicyEngine::new(PolicyRules::default());
+        let s = engine.observe(&pressure(10.0), &pressure(95.0), 1000);
+        let d = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
+        assert_eq!((d.pool, d.route_reason), (Pool::OnDemand, Reason::RouteSpotPressure));
+    }
+}

@@ -1,0 +1,220 @@
+//! Stage 3, TenantPolicy: the one place that knows what each tier is owed. It holds every
+//! tier-specific rule (thresholds, caps, queue eligibility, fallback eligibility, pool preference,
+//! SLA target, capacity) and turns a tier's state into a [`TierPlan`]. The stages after it are
+//! tier-agnostic.
+
+use super::fallback::FallbackTuning;
+use super::pressure::{Threshold, Thresholds};
+use super::stability::StabilityTuning;
+use super::{Pool, PressureState, Reason, Tier, TierState};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierRules {
+    pub thresholds: Thresholds,
+    /// The Elevated-state degrade step; `None` means the tier has none (Best-Effort).
+    pub max_tokens_cap: Option<u32>,
+    /// At capacity, wait in the tier's queue instead of being rejected.
+    pub queue_eligible: bool,
+    /// May be rewritten to the fallback model under sustained pressure.
+    pub fallback_eligible: bool,
+    pub preferred_pool: Pool,
+    pub sla_target_ms: u64,
+    /// In-flight requests across the tier; 0 = unlimited.
+    pub inflight_capacity: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyRules {
+    /// Indexed by [`Tier::index`].
+    pub tiers: [TierRules; 3],
+    pub stability: StabilityTuning,
+    pub fallback: FallbackTuning,
+    /// Thresholds on the spot pool's own signals; Critical evicts Best-Effort to on-demand.
+    pub spot_eviction: Thresholds,
+}
+
+impl PolicyRules {
+    pub fn tier(&self, tier: Tier) -> &TierRules {
+        &self.tiers[tier.index()]
+    }
+}
+
+impl Default for PolicyRules {
+    /// The seed's thresholds for KV pressure; queue-depth and SLA-rate thresholds are ours
+    /// (see the README's policy table for why).
+    fn default() -> Self {
+        let guaranteed = TierRules {
+            thresholds: Thresholds {
+                pressure: Threshold::new(Some(95.0), Some(100.0)),
+                queue_depth: Threshold::new(Some(64.0), None),
+                sla_violation_rate: Threshold::new(Some(0.10), None),
+            },
+            max_tokens_cap: Some(512),
+            queue_eligible: false,
+            fallback_eligible: false,
+            preferred_pool: Pool::OnDemand,
+            sla_target_ms: 2000,
+            inflight_capacity: 0,
+        };
+        let standard = TierRules {
+            thresholds: Thresholds {
+                pressure: Threshold::new(Some(70.0), Some(90.0)),
+                queue_depth: Threshold::new(Some(16.0), Some(64.0)),
+                sla_violation_rate: Threshold::new(Some(0.20), Some(0.50)),
+            },
+            max_tokens_cap: Some(256),
+            queue_eligible: true,
+            fallback_eligible: true,
+            preferred_pool: Pool::OnDemand,
+            sla_target_ms: 1000,
+            inflight_capacity: 0,
+        };
+        let best_effort = TierRules {
+            thresholds: Thresholds {
+                pressure: Threshold::new(None, Some(60.0)),
+                queue_depth: Threshold::new(None, Some(8.0)),
+                sla_violation_rate: Threshold::new(None, Some(0.30)),
+            },
+            max_tokens_cap: None,
+            queue_eligible: false,
+            fallback_eligible: false,
+            preferred_pool: Pool::Spot,
+            sla_target_ms: 500,
+            inflight_capacity: 0,
+        };
+        PolicyRules {
+            tiers: [guaranteed, standard, best_effort],
+            stability: StabilityTuning::default(),
+            fallback: FallbackTuning::default(),
+            spot_eviction: Thresholds {
+                pressure: Threshold::new(None, Some(90.0)),
+                queue_depth: Threshold::new(None, Some(32.0)),
+                sla_violation_rate: Threshold::default(),
+            },
+        }
+    }
+}
+
+/// What the tier's rules call for in its current state, before looking at the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Intervention {
+    None(Reason),
+    Degrade { max_tokens: u32, reason: Reason },
+    Fallback { max_tokens: Option<u32> },
+    Reject(Reason),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierPlan {
+    pub intervention: Intervention,
+    pub queue_eligible: bool,
+    pub preferred_pool: Pool,
+}
+
+pub fn plan(rules: &PolicyRules, state: &TierState, fallback_active: bool) -> TierPlan {
+    let tier = rules.tier(state.tier);
+    let elevated_cap = |s: PressureState| match s {
+        PressureState::Elevated => tier.max_tokens_cap,
+        _ => None,
+    };
+    let intervention = if state.fail_open {
+        Intervention::None(Reason::SignalsUnavailableFailOpen)
+    } else if state.state == PressureState::Critical {
+        Intervention::Reject(Reason::reject(state.driver))
+    } else if fallback_active && tier.fallback_eligible {
+        Intervention::Fallback {
+            max_tokens: elevated_cap(state.state),
+        }
+    } else if state.state == PressureState::Elevated {
+        match tier.max_tokens_cap {
+            Some(max_tokens) => Intervention::Degrade {
+                max_tokens,
+                reason: Reason::degrade(state.driver),
+            },
+            None => Intervention::None(Reason::ElevatedNoShaping),
+        }
+    } else if state.pressure_unavailable {
+        Intervention::None(Reason::CachePressureUnavailableFailOpen)
+    } else {
+        Intervention::None(Reason::BelowTierThreshold)
+    };
+    TierPlan {
+        intervention,
+        queue_eligible: tier.queue_eligible,
+        preferred_pool: tier.preferred_pool,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::SignalKind;
+
+    fn state(tier: Tier, s: PressureState) -> TierState {
+        TierState {
+            tier,
+            state: s,
+            driver: SignalKind::Pressure,
+            fail_open: false,
+            pressure_unavailable: false,
+        }
+    }
+
+    #[test]
+    fn each_tier_gets_its_own_ladder() {
+        let r = PolicyRules::default();
+        use PressureState::*;
+        assert_eq!(
+            plan(&r, &state(Tier::Standard, Elevated), false).intervention,
+            Intervention::Degrade { max_tokens: 256, reason: Reason::DegradePressure }
+        );
+        assert_eq!(
+            plan(&r, &state(Tier::Guaranteed, Elevated), false).intervention,
+            Intervention::Degrade { max_tokens: 512, reason: Reason::DegradePressure }
+        );
+        assert_eq!(
+            plan(&r, &state(Tier::BestEffort, Elevated), false).intervention,
+            Intervention::None(Reason::ElevatedNoShaping),
+            "Best-Effort has no degrade step"
+        );
+        assert_eq!(
+            plan(&r, &state(Tier::BestEffort, Critical), false).intervention,
+            Intervention::Reject(Reason::RejectPressure)
+        );
+        assert!(plan(&r, &state(Tier::Standard, Normal), false).queue_eligible);
+        assert!(!plan(&r, &state(Tier::Guaranteed, Normal), false).queue_eligible);
+        assert_eq!(plan(&r, &state(Tier::BestEffort, Normal), false).preferred_pool, Pool::Spot);
+    }
+
+    #[test]
+    fn fallback_only_for_eligible_tiers_and_critical_still_rejects() {
+        let r = PolicyRules::default();
+        use PressureState::*;
+        assert_eq!(
+            plan(&r, &state(Tier::Standard, Elevated), true).intervention,
+            Intervention::Fallback { max_tokens: Some(256) }
+        );
+        assert_eq!(
+            plan(&r, &state(Tier::Guaranteed, Elevated), true).intervention,
+            Intervention::Degrade { max_tokens: 512, reason: Reason::DegradePressure }
+        );
+        assert_eq!(
+            plan(&r, &state(Tier::Standard, Critical), true).intervention,
+            Intervention::Reject(Reason::RejectPressure)
+        );
+    }
+
+    #[test]
+    fn fail_open_and_partial_signals_are_explained() {
+        let r = PolicyRules::default();
+        let mut s = state(Tier::Standard, PressureState::Normal);
+        s.fail_open = true;
+        assert_eq!(plan(&r, &s, false).intervention, Intervention::None(Reason::SignalsUnavailableFailOpen));
+        s.fail_open = false;
+        s.pressure_unavailable = true;
+        assert_eq!(
+            plan(&r, &s, false).intervention,
+            Intervention::None(Reason::CachePressureUnavailableFailOpen)
+        );
+    }
+}

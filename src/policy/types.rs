@@ -1,0 +1,217 @@
+use super::{Millis, Reason};
+use std::fmt;
+
+/// A tenant's service tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    Guaranteed,
+    Standard,
+    BestEffort,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Guaranteed, Tier::Standard, Tier::BestEffort];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Guaranteed => "Guaranteed",
+            Tier::Standard => "Standard",
+            Tier::BestEffort => "Best-Effort",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Accepts the seed's spelling (`Best-Effort`) and the common variants users type.
+    pub fn parse(s: &str) -> Option<Tier> {
+        match s.trim().to_ascii_lowercase().replace(['_', ' '], "-").as_str() {
+            "guaranteed" => Some(Tier::Guaranteed),
+            "standard" => Some(Tier::Standard),
+            "best-effort" | "besteffort" => Some(Tier::BestEffort),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Severity of load as seen by one tier (each tier has its own thresholds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum PressureState {
+    #[default]
+    Normal,
+    Elevated,
+    Critical,
+}
+
+impl PressureState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PressureState::Normal => "Normal",
+            PressureState::Elevated => "Elevated",
+            PressureState::Critical => "Critical",
+        }
+    }
+
+    /// Stable numeric form for gauges: 0 Normal, 1 Elevated, 2 Critical.
+    pub fn level(self) -> i64 {
+        self as i64
+    }
+}
+
+/// Which signal pushed a tier into its current state; it names the reason code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SignalKind {
+    Pressure,
+    QueueDepth,
+    SlaViolationRate,
+}
+
+impl SignalKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SignalKind::Pressure => "pressure",
+            SignalKind::QueueDepth => "queue_depth",
+            SignalKind::SlaViolationRate => "sla_violation_rate",
+        }
+    }
+}
+
+/// The values the policy sees for one pool; `None` means unavailable (never a stale value).
+/// Pressure is KV-cache usage in percent (0–100), queue depth is vLLM's waiting requests, the SLA
+/// violation rate is a fraction (0–1) of completed requests that missed their tier's target.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PoolSignals {
+    pub pressure: Option<f64>,
+    pub queue_depth: Option<f64>,
+    pub sla_violation_rate: Option<f64>,
+}
+
+/// One tier's evaluated state after stabilisation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TierState {
+    pub tier: Tier,
+    pub state: PressureState,
+    /// The signal behind the last escalation (names the reason code).
+    pub driver: SignalKind,
+    /// Every signal is unavailable: the policy fails open.
+    pub fail_open: bool,
+    pub pressure_unavailable: bool,
+}
+
+/// The immutable result of one [`super::PolicyEngine::observe`], shared with the request path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyState {
+    pub tiers: [TierState; 3],
+    pub fallback_active: bool,
+    /// Spot pool's own severity against the eviction thresholds.
+    pub spot_state: PressureState,
+    pub signals: PoolSignals,
+    pub spot_signals: PoolSignals,
+    pub at: Millis,
+}
+
+impl PolicyState {
+    /// The state before any sample has been observed: everything unavailable, fail open.
+    pub fn initial() -> Self {
+        let tiers = Tier::ALL.map(|tier| TierState {
+            tier,
+            state: PressureState::Normal,
+            driver: SignalKind::Pressure,
+            fail_open: true,
+            pressure_unavailable: true,
+        });
+        PolicyState {
+            tiers,
+            fallback_active: false,
+            spot_state: PressureState::Normal,
+            signals: PoolSignals::default(),
+            spot_signals: PoolSignals::default(),
+            at: 0,
+        }
+    }
+
+    pub fn tier(&self, tier: Tier) -> &TierState {
+        &self.tiers[tier.index()]
+    }
+}
+
+/// What the policy needs to know about one request (nothing HTTP-specific).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFacts {
+    pub tier: Tier,
+    /// POST/PUT/PATCH to a completions endpoint.
+    pub shapeable: bool,
+    /// A fallback model is configured and its backend is healthy.
+    pub fallback_available: bool,
+    /// The spot pool has at least one healthy backend.
+    pub spot_healthy: bool,
+}
+
+/// The intervention applied to a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Pass,
+    /// Cap `max_tokens` / `max_completion_tokens`.
+    Degrade { max_tokens: u32 },
+    /// Rewrite `model` to the configured fallback (and keep any cap the state calls for).
+    Fallback { max_tokens: Option<u32> },
+    Reject,
+}
+
+impl Action {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Pass => "pass",
+            Action::Degrade { .. } => "degrade",
+            Action::Fallback { .. } => "fallback",
+            Action::Reject => "reject",
+        }
+    }
+
+    pub fn max_tokens_cap(&self) -> Option<u32> {
+        match self {
+            Action::Degrade { max_tokens } => Some(*max_tokens),
+            Action::Fallback { max_tokens } => *max_tokens,
+            _ => None,
+        }
+    }
+}
+
+/// A QoS pool. Routing between them is a service decision, never load balancing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Pool {
+    OnDemand,
+    Spot,
+    /// The fallback model's backend.
+    Fallback,
+}
+
+impl Pool {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pool::OnDemand => "on-demand",
+            Pool::Spot => "spot",
+            Pool::Fallback => "fallback",
+        }
+    }
+}
+
+/// The policy's answer for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub tier: Tier,
+    pub state: PressureState,
+    pub action: Action,
+    pub reason: Reason,
+    pub pool: Pool,
+    pub route_reason: Reason,
+    /// When the tier's in-flight capacity is full, wait in the queue rather than reject.
+    pub queue_eligible: bool,
+}

@@ -1,0 +1,501 @@
+//! The OpenAI-compatible wire format as vLLM speaks it: request parsing, response bodies,
+//! server-sent-event framing and vLLM's error shape.
+//!
+//! Everything here is pure so the exact bytes a proxy sees can be tested without a socket.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+/// Which OpenAI endpoint a request came in on; it decides the body shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    pub(crate) fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completions => "cmpl",
+        }
+    }
+}
+
+/// An error in vLLM's JSON shape.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ApiError {
+    pub status: u16,
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            kind: "BadRequestError",
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
+        Self {
+            status: 404,
+            kind: "NotFoundError",
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn method_not_allowed() -> Self {
+        Self {
+            status: 405,
+            kind: "MethodNotAllowed",
+            message: "Method Not Allowed".into(),
+        }
+    }
+
+    pub(crate) fn unavailable() -> Self {
+        Self {
+            status: 503,
+            kind: "ServiceUnavailableError",
+            message: "The engine is unhealthy.".into(),
+        }
+    }
+
+    pub(crate) fn context_length(budget: u64, prompt: u64, completion: u64) -> Self {
+        Self::bad_request(format!(
+            "This model's maximum context length is {budget} tokens. However, you requested {} \
+             tokens ({prompt} in the messages, {completion} in the completion). Please reduce the \
+             length of the messages or completion.",
+            prompt + completion
+        ))
+    }
+
+    pub(crate) fn body(&self) -> Bytes {
+        Bytes::from(
+            json!({
+                "object": "error",
+                "message": self.message,
+                "type": self.kind,
+                "param": null,
+                "code": self.status,
+            })
+            .to_string(),
+        )
+    }
+}
+
+/// What the simulator needs from a completion request.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RequestSpec {
+    pub model: String,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// vLLM reports `length` when the cap was the client's and `stop` when generation ended on
+    /// its own, which is how we model a request without a cap.
+    pub finish_reason: &'static str,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl RequestSpec {
+    pub(crate) fn kv_need(&self) -> u64 {
+        self.prompt_tokens.saturating_add(self.completion_tokens)
+    }
+}
+
+/// Validates a parsed request body the way vLLM would and extracts its sizes.
+pub(crate) fn parse_request(
+    endpoint: Endpoint,
+    body: &Value,
+    models: &[String],
+    default_max_tokens: u64,
+) -> Result<RequestSpec, ApiError> {
+    let obj = body
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("Request body must be a JSON object"))?;
+    let model = match obj.get("model") {
+        None | Some(Value::Null) => models.first().cloned().unwrap_or_default(),
+        Some(Value::String(m)) => m.clone(),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "model: Input should be a valid string",
+            ))
+        }
+    };
+    if !models.contains(&model) {
+        return Err(ApiError::not_found(format!(
+            "The model `{model}` does not exist."
+        )));
+    }
+    let chars = match endpoint {
+        Endpoint::Chat => match obj.get("messages") {
+            Some(Value::Array(msgs)) => msgs.iter().map(message_chars).sum::<u64>(),
+            _ => return Err(ApiError::bad_request("messages: Field required")),
+        },
+        Endpoint::Completions => match obj.get("prompt") {
+            Some(p @ (Value::String(_) | Value::Array(_))) => prompt_chars(p),
+            _ => return Err(ApiError::bad_request("prompt: Field required")),
+        },
+    };
+    let cap = match token_cap(obj.get("max_completion_tokens"), "max_completion_tokens")? {
+        Some(c) => Some(c),
+        None => token_cap(obj.get("max_tokens"), "max_tokens")?,
+    };
+    let stream = match obj.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "stream: Input should be a valid boolean",
+            ))
+        }
+    };
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(RequestSpec {
+        model,
+        prompt_tokens: estimate_tokens(chars),
+        completion_tokens: cap.unwrap_or(default_max_tokens).max(1),
+        finish_reason: if cap.is_some() { "length" } else { "stop" },
+        stream,
+        include_usage,
+    })
+}
+
+/// Roughly four characters per token, as for English text with a BPE tokenizer.
+pub(crate) fn estimate_tokens(chars: u64) -> u64 {
+    chars.div_ceil(4).max(1)
+}
+
+fn token_cap(v: Option<&Value>, field: &str) -> Result<Option<u64>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            let n = n.as_f64().unwrap_or(1.0);
+            if n.fract() != 0.0 {
+                return Err(ApiError::bad_request(format!(
+                    "{field}: Input should be a valid integer"
+                )));
+            }
+            // Clamped rather than rejected so the simulator stays usable with sloppy clients.
+            Ok(Some(n.clamp(1.0, u32::MAX as f64) as u64))
+        }
+        Some(_) => Err(ApiError::bad_request(format!(
+            "{field}: Input should be a valid integer"
+        ))),
+    }
+}
+
+fn message_chars(msg: &Value) -> u64 {
+    match msg.get("content") {
+        Some(Value::String(s)) => s.chars().count() as u64,
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .map(|s| s.chars().count() as u64)
+            .sum(),
+        _ => 0,
+    }
+}
+
+fn prompt_chars(p: &Value) -> u64 {
+    match p {
+        Value::String(s) => s.chars().count() as u64,
+        Value::Array(items) => items.iter().map(prompt_chars).sum(),
+        // A token-id prompt already is tokens; four chars each makes the estimate exact.
+        Value::Number(_) => 4,
+        _ => 0,
+    }
+}
+
+/// Identity shared by every body of one response.
+#[derive(Debug, Clone)]
+pub(crate) struct ResponseMeta {
+    pub endpoint: Endpoint,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+const FILLER: &str = "tok ";
+
+fn usage(prompt: u64, completion: u64) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+/// The body of a non-streaming response with `completion` filler tokens.
+pub(crate) fn completion_body(meta: &ResponseMeta, spec: &RequestSpec) -> Bytes {
+    let text = FILLER.repeat(usize::try_from(spec.completion_tokens).unwrap_or(0));
+    let (object, choice) = match meta.endpoint {
+        Endpoint::Chat => (
+            "chat.completion",
+            json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": spec.finish_reason,
+                "logprobs": null,
+            }),
+        ),
+        Endpoint::Completions => (
+            "text_completion",
+            json!({
+                "index": 0,
+                "text": text,
+                "finish_reason": spec.finish_reason,
+                "logprobs": null,
+            }),
+        ),
+    };
+    Bytes::from(
+        json!({
+            "id": meta.id,
+            "object": object,
+            "created": meta.created,
+            "model": meta.model,
+            "choices": [choice],
+            "usage": usage(spec.prompt_tokens, spec.completion_tokens),
+        })
+        .to_string(),
+    )
+}
+
+pub(crate) const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// Every event of one stream, built once: all token chunks are byte-identical, so sending one is
+/// a refcount bump, which keeps hundreds of concurrent streams cheap.
+#[derive(Debug, Clone)]
+pub(crate) struct SseFrames {
+    /// Chat streams open with the assistant role; completions have no such chunk.
+    pub role: Option<Bytes>,
+    pub token: Bytes,
+    pub finish: Bytes,
+    pub usage: Option<Bytes>,
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+pub(crate) fn sse_frames(meta: &ResponseMeta, spec: &RequestSpec) -> SseFrames {
+    let object = match meta.endpoint {
+        Endpoint::Chat => "chat.completion.chunk",
+        Endpoint::Completions => "text_completion",
+    };
+    let chunk = |choices: Value| {
+        json!({
+            "id": meta.id,
+            "object": object,
+            "created": meta.created,
+            "model": meta.model,
+            "choices": choices,
+        })
+    };
+    let choice = |content: &str, finish: Option<&str>| match meta.endpoint {
+        Endpoint::Chat => json!([{
+            "index": 0,
+            "delta": {"content": content},
+            "logprobs": null,
+            "finish_reason": finish,
+        }]),
+        Endpoint::Completions => json!([{
+            "index": 0,
+            "text": content,
+            "logprobs": null,
+            "finish_reason": finish,
+        }]),
+    };
+    let role = match meta.endpoint {
+        Endpoint::Chat => Some(sse(&chunk(json!([{
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": null,
+            "finish_reason": null,
+        }])))),
+        Endpoint::Completions => None,
+    };
+    let usage = spec.include_usage.then(|| {
+        let mut v = chunk(json!([]));
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert(
+                "usage".into(),
+                usage(spec.prompt_tokens, spec.completion_tokens),
+            );
+        }
+        sse(&v)
+    });
+    SseFrames {
+        role,
+        token: sse(&chunk(choice(FILLER, None))),
+        finish: sse(&chunk(choice("", Some(spec.finish_reason)))),
+        usage,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn models() -> Vec<String> {
+        vec!["m1".into(), "m2".into()]
+    }
+
+    fn parse(endpoint: Endpoint, body: Value) -> Result<RequestSpec, ApiError> {
+        parse_request(endpoint, &body, &models(), 128)
+    }
+
+    #[test]
+    fn prompt_token_estimate() {
+        assert_eq!(estimate_tokens(0), 1);
+        assert_eq!(estimate_tokens(1), 1);
+        assert_eq!(estimate_tokens(4), 1);
+        assert_eq!(estimate_tokens(5), 2);
+        let s = parse(
+            Endpoint::Chat,
+            json!({"messages": [
+                {"role": "system", "content": "abcd"},
+                {"role": "user", "content": [{"type": "text", "text": "efghi"}]},
+            ]}),
+        )
+        .unwrap();
+        assert_eq!(s.prompt_tokens, 3);
+        let s = parse(Endpoint::Completions, json!({"prompt": ["abcdefgh", "ij"]})).unwrap();
+        assert_eq!(s.prompt_tokens, 3);
+    }
+
+    #[test]
+    fn completion_length_from_caps() {
+        let s = parse(Endpoint::Chat, json!({"messages": [], "max_tokens": 7})).unwrap();
+        assert_eq!((s.completion_tokens, s.finish_reason), (7, "length"));
+        let s = parse(
+            Endpoint::Chat,
+            json!({"messages": [], "max_tokens": 7, "max_completion_tokens": 9}),
+        )
+        .unwrap();
+        assert_eq!(s.completion_tokens, 9);
+        let s = parse(Endpoint::Chat, json!({"messages": [], "max_tokens": 0})).unwrap();
+        assert_eq!(s.completion_tokens, 1);
+        let s = parse(Endpoint::Chat, json!({"messages": [], "max_tokens": null})).unwrap();
+        assert_eq!((s.completion_tokens, s.finish_reason), (128, "stop"));
+        assert_eq!(s.model, "m1");
+        assert_eq!(s.kv_need(), 129);
+        assert_eq!(
+            parse(Endpoint::Chat, json!({"messages": [], "max_tokens": "x"}))
+                .unwrap_err()
+                .status,
+            400
+        );
+    }
+
+    #[test]
+    fn model_and_shape_errors() {
+        let e = parse(Endpoint::Chat, json!({"model": "nope", "messages": []})).unwrap_err();
+        assert_eq!(e.status, 404);
+        let body: Value = serde_json::from_slice(&e.body()).unwrap();
+        assert_eq!(
+            body,
+            json!({"object": "error", "message": "The model `nope` does not exist.",
+                   "type": "NotFoundError", "param": null, "code": 404})
+        );
+        assert_eq!(
+            parse(Endpoint::Chat, json!({"model": "m2", "messages": []}))
+                .unwrap()
+                .model,
+            "m2"
+        );
+        assert_eq!(
+            parse(Endpoint::Chat, json!({"prompt": "x"}))
+                .unwrap_err()
+                .status,
+            400
+        );
+        assert_eq!(
+            parse(Endpoint::Completions, json!([1])).unwrap_err().status,
+            400
+        );
+    }
+
+    fn meta(endpoint: Endpoint) -> ResponseMeta {
+        ResponseMeta {
+            endpoint,
+            id: "chatcmpl-1".into(),
+            created: 1,
+            model: "m1".into(),
+        }
+    }
+
+    #[test]
+    fn non_stream_body_shape() {
+        let spec = parse(Endpoint::Chat, json!({"messages": [], "max_tokens": 3})).unwrap();
+        let v: Value =
+            serde_json::from_slice(&completion_body(&meta(Endpoint::Chat), &spec)).unwrap();
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["message"]["content"], "tok tok tok ");
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4})
+        );
+        let spec = parse(
+            Endpoint::Completions,
+            json!({"prompt": "x", "max_tokens": 2}),
+        )
+        .unwrap();
+        let v: Value =
+            serde_json::from_slice(&completion_body(&meta(Endpoint::Completions), &spec)).unwrap();
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["choices"][0]["text"], "tok tok ");
+    }
+
+    #[test]
+    fn sse_framing() {
+        let spec = parse(
+            Endpoint::Chat,
+            json!({"messages": [], "max_tokens": 2, "stream": true,
+                   "stream_options": {"include_usage": true}}),
+        )
+        .unwrap();
+        let f = sse_frames(&meta(Endpoint::Chat), &spec);
+        let mut all = Vec::new();
+        for b in [
+            f.role.clone().unwrap(),
+            f.token.clone(),
+            f.token.clone(),
+            f.finish.clone(),
+            f.usage.clone().unwrap(),
+        ] {
+            all.extend_from_slice(&b);
+        }
+        all.extend_from_slice(SSE_DONE);
+        let text = String::from_utf8(all).unwrap();
+        assert!(text.ends_with("data: [DONE]\n\n"));
+        let events: Vec<&str> = text.split_terminator("\n\n").collect();
+        assert_eq!(events.len(), 6);
+        let parsed: Vec<Value> = events[..5]
+            .iter()
+            .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
+            .collect();
+        assert_eq!(parsed[0]["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(parsed[1]["object"], "chat.completion.chunk");
+        assert_eq!(parsed[1]["choices"][0]["delta"]["content"], "tok ");
+        assert_eq!(parsed[3]["choices"][0]["finish_reason"], "length");
+        assert_eq!(parsed[4]["choices"], json!([]));
+        assert_eq!(parsed[4]["usage"]["completion_tokens"], 2);
+
+        let spec = RequestSpec {
+            include_usage: false,
+            ..spec
+        };
+        assert!(sse_frames(&meta(Endpoint::Chat), &spec).usage.is_none());
+        assert!(sse_frames(&meta(Endpoint::Completions), &spec)
+            .role
+            .is_none());
+    }
+}

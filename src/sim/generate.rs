@@ -1,0 +1,208 @@
+//! Plays one request out in time: queue for admission, prefill, then decode token by token at
+//! the inter-token latency the current load implies.
+//!
+//! Timers are the only real cost of the simulator, so decode steps are booked against a running
+//! deadline and slept in batches of a few milliseconds instead of one timer per token; the
+//! average pace is still exact and load is re-read at every step.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Instant};
+
+use super::api::{RequestSpec, SseFrames, SSE_DONE};
+use super::engine::{ms_to_duration, TooLarge};
+use super::metrics::Finish;
+use super::Sim;
+
+/// Streams wake this often at most, so chunks still arrive spread out over time.
+const STREAM_QUANTUM: Duration = Duration::from_millis(3);
+/// Nobody watches a non-streamed body grow, so it can sleep in coarser steps.
+const BATCH_QUANTUM: Duration = Duration::from_millis(20);
+/// How far behind schedule (a slow reader) we tolerate before giving up on catching up, as a
+/// real engine would not burst out tokens it could not deliver.
+const CATCH_UP_LIMIT: Duration = Duration::from_millis(50);
+
+/// A parsed request on its way through the engine.
+pub(crate) struct Job {
+    pub spec: RequestSpec,
+    /// Which engine's metrics it counts towards.
+    pub engine: usize,
+    pub arrived: Instant,
+}
+
+struct Pacer {
+    next: Instant,
+    quantum: Duration,
+}
+
+impl Pacer {
+    fn new(quantum: Duration) -> Self {
+        Self {
+            next: Instant::now(),
+            quantum,
+        }
+    }
+
+    /// Books one more step; returns when to wake once we have run a quantum ahead of the clock.
+    fn step(&mut self, step: Duration) -> Option<Instant> {
+        let now = Instant::now();
+        if self.next + CATCH_UP_LIMIT < now {
+            self.next = now;
+        }
+        self.next += step;
+        (self.next > now + self.quantum).then_some(self.next)
+    }
+
+    fn deadline(&self) -> Instant {
+        self.next
+    }
+}
+
+/// Records the request in vLLM's counters however it ends: finished, or dropped mid-way because
+/// the client went away.
+struct Progress<'a> {
+    sim: &'a Sim,
+    job: &'a Job,
+    generated: u64,
+    done: bool,
+}
+
+impl<'a> Progress<'a> {
+    fn new(sim: &'a Sim, job: &'a Job) -> Self {
+        Self {
+            sim,
+            job,
+            generated: 0,
+            done: false,
+        }
+    }
+
+    fn first_token(&mut self) {
+        let ttft = self.job.arrived.elapsed().as_secs_f64();
+        self.sim
+            .metrics
+            .first_token(self.job.engine, self.job.spec.prompt_tokens, ttft);
+        self.generated = 1;
+    }
+
+    fn finish(mut self) {
+        self.done = true;
+        let reason = Finish::from_reason(self.job.spec.finish_reason);
+        self.record(reason);
+        self.sim.stats.completed();
+    }
+
+    fn record(&self, reason: Finish) {
+        let e2e = self.job.arrived.elapsed().as_secs_f64();
+        self.sim
+            .metrics
+            .finish(self.job.engine, reason, self.generated, e2e);
+    }
+}
+
+impl Drop for Progress<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.record(Finish::Abort);
+        }
+    }
+}
+
+fn ttft(sim: &Sim, spec: &RequestSpec) -> Duration {
+    sim.engine.ttft(spec.prompt_tokens) + ms_to_duration(sim.admin.get().extra_ms)
+}
+
+/// Runs a non-streamed request to the end; dropping the future releases its KV.
+pub(crate) async fn complete(sim: &Sim, job: &Job) -> Result<(), TooLarge> {
+    let _permit = sim.engine.admit(job.spec.kv_need()).await?;
+    let mut progress = Progress::new(sim, job);
+    tokio::time::sleep(ttft(sim, &job.spec)).await;
+    progress.first_token();
+    let mut pacer = Pacer::new(BATCH_QUANTUM);
+    for _ in 1..job.spec.completion_tokens {
+        if let Some(at) = pacer.step(sim.engine.itl()) {
+            sleep_until(at).await;
+        }
+        progress.generated += 1;
+    }
+    sleep_until(pacer.deadline()).await;
+    progress.finish();
+    Ok(())
+}
+
+/// Sleeps until `at`, or returns false early if the client has gone.
+async fn sleep_or_closed(tx: &mpsc::Sender<Bytes>, at: Instant) -> bool {
+    tokio::select! {
+        () = sleep_until(at) => true,
+        () = tx.closed() => false,
+    }
+}
+
+/// Streams a request into `tx` as server-sent events; returns when done or when the receiving
+/// body is dropped (client disconnect), releasing its KV either way.
+pub(crate) async fn stream(sim: Arc<Sim>, job: Job, frames: SseFrames, tx: mpsc::Sender<Bytes>) {
+    let admitted = tokio::select! {
+        p = sim.engine.admit(job.spec.kv_need()) => p,
+        () = tx.closed() => return,
+    };
+    let Ok(_permit) = admitted else { return };
+    let mut progress = Progress::new(&sim, &job);
+    if !sleep_or_closed(&tx, Instant::now() + ttft(&sim, &job.spec)).await {
+        return;
+    }
+    progress.first_token();
+    if let Some(role) = &frames.role {
+        if tx.send(role.clone()).await.is_err() {
+            return;
+        }
+    }
+    if tx.send(frames.token.clone()).await.is_err() {
+        return;
+    }
+    let mut pacer = Pacer::new(STREAM_QUANTUM);
+    for _ in 1..job.spec.completion_tokens {
+        if let Some(at) = pacer.step(sim.engine.itl()) {
+            if !sleep_or_closed(&tx, at).await {
+                return;
+            }
+        }
+        if tx.send(frames.token.clone()).await.is_err() {
+            return;
+        }
+        progress.generated += 1;
+    }
+    if !sleep_or_closed(&tx, pacer.deadline()).await {
+        return;
+    }
+    let tail = [
+        Some(frames.finish),
+        frames.usage,
+        Some(Bytes::from_static(SSE_DONE)),
+    ];
+    for frame in tail.into_iter().flatten() {
+        if tx.send(frame).await.is_err() {
+            return;
+        }
+    }
+    progress.finish();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pacer_batches_sleeps_but_keeps_pace() {
+        let mut p = Pacer::new(Duration::from_millis(3));
+        let start = p.deadline();
+        let wakes = (0..10)
+            .filter(|_| p.step(Duration::from_millis(1)).is_some())
+            .count();
+        // Ten 1 ms steps booked instantly: only the ones beyond the 3 ms quantum need a timer.
+        assert!(wakes <= 7, "{wakes}");
+        assert_eq!(p.deadline() - start, Duration::from_millis(10));
+    }
+}

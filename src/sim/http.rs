@@ -1,0 +1,359 @@
+//! Request routing for the simulator's HTTP/1.1 server: the vLLM OpenAI endpoints, `/health`,
+//! `/metrics`, and the `/admin` switches tests use.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::api::{self, ApiError, Endpoint, ResponseMeta};
+use super::generate::{self, Job};
+use super::metrics::Gauges;
+use super::stats::Recent;
+use super::Sim;
+
+/// Far above any prompt a KV budget could hold; only guards memory against runaway clients.
+const MAX_BODY: usize = 64 * 1024 * 1024;
+/// A few events of slack so decode never waits on a reader that is merely a bit behind.
+const STREAM_BUFFER: usize = 32;
+
+const JSON: &str = "application/json";
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_SIM_MODEL: HeaderName = HeaderName::from_static("x-sim-model");
+const X_TENANT_ID: HeaderName = HeaderName::from_static("x-tenant-id");
+
+/// A response body that is either complete up front or fed event by event from a generator
+/// task, each event becoming its own chunk on the wire as soon as it is produced.
+pub(crate) enum SimBody {
+    Full(Option<Bytes>),
+    Channel(mpsc::Receiver<Bytes>),
+}
+
+impl Body for SimBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            SimBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            SimBody::Channel(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, SimBody::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            SimBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            SimBody::Channel(_) => SizeHint::default(),
+        }
+    }
+}
+
+fn respond(
+    status: StatusCode,
+    content_type: Option<&'static str>,
+    body: Bytes,
+) -> Response<SimBody> {
+    let body = if body.is_empty() { None } else { Some(body) };
+    let mut resp = Response::new(SimBody::Full(body));
+    *resp.status_mut() = status;
+    if let Some(ct) = content_type {
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+    }
+    resp
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<SimBody> {
+    respond(status, Some(JSON), Bytes::from(v.to_string()))
+}
+
+fn error_response(e: &ApiError) -> Response<SimBody> {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    respond(status, Some(JSON), e.body())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Completion(Endpoint),
+    Models,
+    Health,
+    Metrics,
+    AdminHealth,
+    AdminLatency,
+    AdminKv,
+    AdminStats,
+    AdminReset,
+}
+
+impl Route {
+    fn from_path(path: &str) -> Option<Self> {
+        Some(match path {
+            "/v1/chat/completions" => Route::Completion(Endpoint::Chat),
+            "/v1/completions" => Route::Completion(Endpoint::Completions),
+            "/v1/models" => Route::Models,
+            "/health" => Route::Health,
+            "/metrics" => Route::Metrics,
+            "/admin/health" => Route::AdminHealth,
+            "/admin/latency" => Route::AdminLatency,
+            "/admin/kv" => Route::AdminKv,
+            "/admin/stats" => Route::AdminStats,
+            "/admin/reset" => Route::AdminReset,
+            _ => return None,
+        })
+    }
+
+    fn allows(self, m: &Method) -> bool {
+        match self {
+            Route::Completion(_) | Route::AdminReset => m == Method::POST,
+            Route::Models | Route::Health | Route::Metrics | Route::AdminStats => {
+                m == Method::GET || m == Method::HEAD
+            }
+            Route::AdminHealth | Route::AdminLatency | Route::AdminKv => {
+                m == Method::PUT || m == Method::POST
+            }
+        }
+    }
+}
+
+/// The hyper service: never fails, every problem becomes an HTTP error response.
+pub(crate) async fn handle(
+    sim: Arc<Sim>,
+    req: Request<Incoming>,
+) -> Result<Response<SimBody>, Infallible> {
+    let Some(route) = Route::from_path(req.uri().path()) else {
+        return Ok(error_response(&ApiError::not_found("Not Found")));
+    };
+    if !route.allows(req.method()) {
+        return Ok(error_response(&ApiError::method_not_allowed()));
+    }
+    Ok(match route {
+        Route::Completion(endpoint) => completion(sim, req, endpoint).await,
+        Route::Models => models(&sim),
+        Route::Health => {
+            if sim.admin.get().healthy {
+                respond(StatusCode::OK, None, Bytes::new())
+            } else {
+                respond(StatusCode::SERVICE_UNAVAILABLE, None, Bytes::new())
+            }
+        }
+        Route::Metrics => metrics(&sim),
+        Route::AdminHealth | Route::AdminLatency | Route::AdminKv => {
+            admin_switch(&sim, req, route).await
+        }
+        Route::AdminStats => json_response(StatusCode::OK, &stats(&sim)),
+        Route::AdminReset => {
+            sim.stats.reset();
+            sim.engine.reset_peaks();
+            json_response(StatusCode::OK, &stats(&sim))
+        }
+    })
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| ApiError::bad_request(format!("Could not read request body: {e}")))
+}
+
+fn header_string(req: &Request<Incoming>, name: impl http::header::AsHeaderName) -> Option<String> {
+    req.headers()
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+async fn completion(
+    sim: Arc<Sim>,
+    req: Request<Incoming>,
+    endpoint: Endpoint,
+) -> Response<SimBody> {
+    let arrived = Instant::now();
+    let request_id = req.headers().get(X_REQUEST_ID).cloned();
+    let mut resp = completion_inner(sim, req, endpoint, arrived).await;
+    if let Some(id) = request_id {
+        resp.headers_mut().insert(X_REQUEST_ID, id);
+    }
+    resp
+}
+
+async fn completion_inner(
+    sim: Arc<Sim>,
+    req: Request<Incoming>,
+    endpoint: Endpoint,
+    arrived: Instant,
+) -> Response<SimBody> {
+    let path = req.uri().path().to_string();
+    let content_length = header_string(&req, CONTENT_LENGTH);
+    let tenant = header_string(&req, X_TENANT_ID);
+    let body = read_body(req).await;
+    let parsed = body
+        .as_ref()
+        .ok()
+        .map(|b| serde_json::from_slice::<Value>(b));
+    let value = parsed.as_ref().and_then(|p| p.as_ref().ok());
+    let model = value.map(|v| match v.get("model").and_then(Value::as_str) {
+        Some(m) => m.to_string(),
+        None => sim.default_model().to_string(),
+    });
+    sim.stats.received(
+        Recent::new(&path, value, content_length, tenant),
+        model.as_deref(),
+    );
+
+    if !sim.admin.get().healthy {
+        return error_response(&ApiError::unavailable());
+    }
+    let value = match (body, parsed) {
+        (Err(e), _) => return error_response(&e),
+        (Ok(_), Some(Ok(v))) => v,
+        (Ok(_), _) => {
+            return error_response(&ApiError::bad_request("Invalid JSON in request body"))
+        }
+    };
+    let spec = match api::parse_request(endpoint, &value, &sim.models, sim.default_max_tokens) {
+        Ok(s) => s,
+        Err(e) => return error_response(&e),
+    };
+    let budget = sim.engine.budget();
+    if spec.kv_need() > budget {
+        return error_response(&ApiError::context_length(
+            budget,
+            spec.prompt_tokens,
+            spec.completion_tokens,
+        ));
+    }
+
+    let id = sim.next_id.fetch_add(1, Ordering::Relaxed);
+    let meta = ResponseMeta {
+        endpoint,
+        id: format!("{}-{id}", endpoint.id_prefix()),
+        created: unix_now(),
+        model: spec.model.clone(),
+    };
+    let job = Job {
+        engine: (id % sim.engines as u64) as usize,
+        spec,
+        arrived,
+    };
+    let model_header = HeaderValue::from_str(&meta.model).ok();
+    let mut resp = if job.spec.stream {
+        // Headers go out before admission, as vLLM's streaming responses do: queueing shows
+        // up as a late first chunk, not a late response.
+        let frames = api::sse_frames(&meta, &job.spec);
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(generate::stream(Arc::clone(&sim), job, frames, tx));
+        let mut resp = Response::new(SimBody::Channel(rx));
+        let h = resp.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        resp
+    } else {
+        if let Err(e) = generate::complete(&sim, &job).await {
+            return error_response(&ApiError::context_length(
+                e.budget,
+                job.spec.prompt_tokens,
+                job.spec.completion_tokens,
+            ));
+        }
+        respond(
+            StatusCode::OK,
+            Some(JSON),
+            api::completion_body(&meta, &job.spec),
+        )
+    };
+    if let Some(m) = model_header {
+        resp.headers_mut().insert(X_SIM_MODEL, m);
+    }
+    resp
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn models(sim: &Sim) -> Response<SimBody> {
+    let data: Vec<Value> = sim
+        .models
+        .iter()
+        .map(|m| {
+            json!({
+                "id": m,
+                "object": "model",
+                "created": sim.started,
+                "owned_by": "vllm",
+                "root": m,
+                "parent": null,
+                "max_model_len": sim.engine.budget(),
+            })
+        })
+        .collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+fn metrics(sim: &Sim) -> Response<SimBody> {
+    let load = sim.engine.snapshot();
+    let pins = sim.admin.get();
+    let gauges = Gauges {
+        running: load.running as u64,
+        waiting: pins.waiting.unwrap_or(load.waiting as u64),
+        kv_usage: pins.kv_usage.unwrap_or(load.kv_usage),
+    };
+    let text = sim
+        .metrics
+        .render(sim.default_model(), sim.legacy_metrics, gauges);
+    respond(
+        StatusCode::OK,
+        Some("text/plain; version=0.0.4; charset=utf-8"),
+        Bytes::from(text),
+    )
+}
+
+fn stats(sim: &Sim) -> Value {
+    let mut v = sim.stats.to_json(&sim.engine.snapshot());
+    if let Some(obj) = v.as_object_mut() {
+        if let Ok(switches) = serde_json::to_value(sim.admin.get()) {
+            obj.insert("switches".into(), switches);
+        }
+    }
+    v
+}
+
+async fn admin_switch(sim: &Sim, req: Request<Incoming>, route: Route) -> Response<SimBody> {
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e),
+    };
+    let Ok(value) = serde_json::from_slice::<Value>(&body) else {
+        return error_response(&ApiError::bad_request("Invalid JSON in request body"));
+    };
+    let result = match route {
+        Route::AdminHealth => sim.admin.set_health(&value),
+        Route::AdminLatency => sim.admin.set_latency(&value),
+        _ => sim.admin.set_kv(&value),
+    };
+    match result.and_then(|s| serde_json::to_value(s).map_err(|e| e.to_string())) {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(msg) => error_response(&ApiError::bad_request(msg)),
+    }
+}

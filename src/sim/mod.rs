@@ -1,0 +1,497 @@
+//! `sluice sim`: a stand-in for a vLLM OpenAI-compatible server, for tests and benchmarks.
+//!
+//! It speaks vLLM's HTTP API and exports vLLM's metric names, and its latency responds to load
+//! the way a real engine's does: requests reserve KV cache, queue FIFO when it or the batch is
+//! full, and decode slower as the cache fills. Admin endpoints let tests force states (unhealthy,
+//! slow, pinned pressure) and read back what the proxy actually sent.
+
+mod admin;
+mod api;
+mod engine;
+mod generate;
+mod http;
+mod metrics;
+mod stats;
+
+use std::io;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use self::admin::Admin;
+use self::engine::{Engine, EngineConfig};
+use self::metrics::Metrics;
+use self::stats::Stats;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimArgs {
+    /// Address to listen on
+    #[arg(long, default_value = "127.0.0.1:8001")]
+    pub listen: String,
+    /// Served model names (repeatable / comma separated); the first is the default. Requests naming another model get vLLM's 404.
+    #[arg(long = "model", value_delimiter = ',', default_value = "llama-3-70b")]
+    pub models: Vec<String>,
+    /// KV-cache budget in tokens
+    #[arg(long, default_value_t = 16384)]
+    pub kv_tokens: u64,
+    /// Max concurrently running sequences (vLLM max_num_seqs)
+    #[arg(long, default_value_t = 32)]
+    pub max_running: usize,
+    /// Time to first token at idle, ms
+    #[arg(long, default_value_t = 20)]
+    pub ttft_ms: u64,
+    /// Prefill cost per prompt token, microseconds
+    #[arg(long, default_value_t = 50)]
+    pub prefill_us_per_token: u64,
+    /// Inter-token latency at idle, ms (float ok)
+    #[arg(long, default_value_t = 1.0)]
+    pub itl_ms: f64,
+    /// How much ITL and TTFT grow at full KV usage (factor: latency *= 1 + slowdown * kv_usage)
+    #[arg(long, default_value_t = 3.0)]
+    pub load_slowdown: f64,
+    /// Completion length when max_tokens is absent
+    #[arg(long, default_value_t = 128)]
+    pub default_max_tokens: u64,
+    /// Export the pre-v0.10 metric name vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc
+    #[arg(long)]
+    pub legacy_metrics: bool,
+    /// Number of engines to export metrics for (label engine="0".."n-1"); load is split evenly
+    #[arg(long, default_value_t = 1)]
+    pub engines: usize,
+}
+
+/// State shared by every connection.
+pub(crate) struct Sim {
+    models: Vec<String>,
+    default_max_tokens: u64,
+    legacy_metrics: bool,
+    engines: usize,
+    /// Reported as the models' `created` time.
+    started: u64,
+    next_id: AtomicU64,
+    engine: Engine,
+    admin: Admin,
+    stats: Stats,
+    metrics: Metrics,
+}
+
+fn invalid(msg: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, format!("sluice sim: {msg}"))
+}
+
+impl Sim {
+    fn new(args: SimArgs) -> io::Result<Self> {
+        let models: Vec<String> = args
+            .models
+            .iter()
+            .map(|m| m.trim().to_string())
+            .filter(|m| !m.is_empty())
+            .collect();
+        if models.is_empty() {
+            return Err(invalid("at least one --model is required"));
+        }
+        if args.kv_tokens == 0 || args.max_running == 0 || args.engines == 0 {
+            return Err(invalid(
+                "--kv-tokens, --max-running and --engines must be at least 1",
+            ));
+        }
+        for (name, v) in [
+            ("--itl-ms", args.itl_ms),
+            ("--load-slowdown", args.load_slowdown),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(invalid(&format!("{name} must be a non-negative number")));
+            }
+        }
+        Ok(Self {
+            engine: Engine::new(EngineConfig {
+                kv_tokens: args.kv_tokens,
+                max_running: args.max_running,
+                ttft_ms: args.ttft_ms as f64,
+                prefill_us_per_token: args.prefill_us_per_token as f64,
+                itl_ms: args.itl_ms,
+                load_slowdown: args.load_slowdown,
+            }),
+            metrics: Metrics::new(args.engines),
+            models,
+            default_max_tokens: args.default_max_tokens.max(1),
+            legacy_metrics: args.legacy_metrics,
+            engines: args.engines,
+            started: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            next_id: AtomicU64::new(1),
+            admin: Admin::default(),
+            stats: Stats::default(),
+        })
+    }
+
+    fn default_model(&self) -> &str {
+        self.models.first().map_or("", String::as_str)
+    }
+}
+
+/// Serves the simulator on `listener` until the process ends.
+pub async fn serve(args: SimArgs, listener: TcpListener) -> io::Result<()> {
+    let sim = Arc::new(Sim::new(args)?);
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                // Usually fd exhaustion under a benchmark; back off instead of spinning.
+                log::warn!("sluice sim: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // SSE chunks are tiny; Nagle would hold them back and blur chunk timing.
+        let _ = stream.set_nodelay(true);
+        let sim = Arc::clone(&sim);
+        tokio::spawn(async move {
+            let service = service_fn(move |req| http::handle(Arc::clone(&sim), req));
+            if let Err(e) = http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                log::debug!("sluice sim: connection ended: {e}");
+            }
+        });
+    }
+}
+
+/// Binds `args.listen` and serves until the process ends.
+pub async fn run(args: SimArgs) -> io::Result<()> {
+    let listener = TcpListener::bind(&args.listen).await?;
+    log::info!("sluice sim listening on {}", listener.local_addr()?);
+    serve(args, listener).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::{connect::HttpConnector, Client};
+    use hyper_util::rt::TokioExecutor;
+    use serde_json::{json, Value};
+
+    type TestClient = Client<HttpConnector, Full<Bytes>>;
+
+    fn args() -> SimArgs {
+        SimArgs {
+            listen: "127.0.0.1:0".into(),
+            models: vec!["m1".into(), "m2".into()],
+            kv_tokens: 4096,
+            max_running: 8,
+            ttft_ms: 2,
+            prefill_us_per_token: 10,
+            itl_ms: 1.0,
+            load_slowdown: 1.0,
+            default_max_tokens: 16,
+            legacy_metrics: false,
+            engines: 1,
+        }
+    }
+
+    async fn start() -> (String, TestClient) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(serve(args(), listener));
+        (base, Client::builder(TokioExecutor::new()).build_http())
+    }
+
+    async fn call(
+        client: &TestClient,
+        method: &str,
+        url: String,
+        body: Option<Value>,
+    ) -> (u16, ::http::HeaderMap, Bytes) {
+        let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+        let req = ::http::Request::builder()
+            .method(method)
+            .uri(url)
+            .header("content-type", "application/json")
+            .header("x-request-id", "rid-1")
+            .header("x-tenant-id", "acme")
+            .body(Full::new(body))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        (
+            status,
+            headers,
+            resp.into_body().collect().await.unwrap().to_bytes(),
+        )
+    }
+
+    fn gauge(metrics: &str, name: &str) -> f64 {
+        let prefix = format!("{name}{{model_name=\"m1\",engine=\"0\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn serves_the_vllm_api_over_http() {
+        let (base, client) = start().await;
+        let chat = format!("{base}/v1/chat/completions");
+        let msgs = json!([{"role": "user", "content": "hello there"}]);
+
+        let (status, headers, body) = call(
+            &client,
+            "POST",
+            chat.clone(),
+            Some(json!({"model": "m2", "messages": msgs, "max_tokens": 7})),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert_eq!(headers["x-sim-model"], "m2");
+        assert_eq!(headers["x-request-id"], "rid-1");
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 7);
+        assert_eq!(v["usage"]["prompt_tokens"], 3);
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+        // Streamed: events arrive as separate chunks, then [DONE].
+        let req = ::http::Request::post(chat.clone())
+            .body(Full::new(Bytes::from(
+                json!({"messages": msgs, "max_tokens": 20, "stream": true,
+                       "stream_options": {"include_usage": true}})
+                .to_string(),
+            )))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        let mut body = resp.into_body();
+        let mut frames = 0;
+        let mut text = String::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                frames += 1;
+                text.push_str(std::str::from_utf8(&data).unwrap());
+            }
+        }
+        assert!(frames > 3, "{frames}");
+        assert!(text.ends_with("data: [DONE]\n\n"));
+        let events: Vec<&str> = text.split_terminator("\n\n").collect();
+        // role + 20 tokens + finish + usage + [DONE]
+        assert_eq!(events.len(), 24);
+        let usage: Value = serde_json::from_str(&events[22]["data: ".len()..]).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], 20);
+
+        // Unknown model.
+        let (status, _, body) = call(
+            &client,
+            "POST",
+            chat.clone(),
+            Some(json!({"model": "nope", "messages": msgs})),
+        )
+        .await;
+        assert_eq!(status, 404);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["message"], "The model `nope` does not exist.");
+
+        // Too large for the KV budget, and malformed JSON.
+        let (status, _, _) = call(
+            &client,
+            "POST",
+            chat.clone(),
+            Some(json!({"messages": msgs, "max_tokens": 5000})),
+        )
+        .await;
+        assert_eq!(status, 400);
+        let req = ::http::Request::post(chat.clone())
+            .body(Full::new(Bytes::from_static(b"{nope")))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), 400);
+
+        // A slow request shows up as running in /metrics while in flight.
+        let (status, _, _) = call(
+            &client,
+            "PUT",
+            format!("{base}/admin/latency"),
+            Some(json!({"extra_ms": 300})),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let slow = {
+            let client = client.clone();
+            let chat = chat.clone();
+            let msgs = msgs.clone();
+            tokio::spawn(async move {
+                call(
+                    &client,
+                    "POST",
+                    chat,
+                    Some(json!({"messages": msgs, "max_tokens": 1})),
+                )
+                .await
+            })
+        };
+        let mut seen = 0.0;
+        for _ in 0..50 {
+            let (_, _, m) = call(&client, "GET", format!("{base}/metrics"), None).await;
+            seen = gauge(
+                std::str::from_utf8(&m).unwrap(),
+                "vllm:num_requests_running",
+            );
+            if seen == 1.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(seen, 1.0);
+        call(
+            &client,
+            "PUT",
+            format!("{base}/admin/latency"),
+            Some(json!({"extra_ms": 0})),
+        )
+        .await;
+        assert_eq!(slow.await.unwrap().0, 200);
+
+        // Pinned pressure is what /metrics reports.
+        call(
+            &client,
+            "PUT",
+            format!("{base}/admin/kv"),
+            Some(json!({"usage": 0.9, "waiting": 3})),
+        )
+        .await;
+        let (_, _, m) = call(&client, "GET", format!("{base}/metrics"), None).await;
+        let m = String::from_utf8(m.to_vec()).unwrap();
+        assert_eq!(gauge(&m, "vllm:kv_cache_usage_perc"), 0.9);
+        assert_eq!(gauge(&m, "vllm:num_requests_waiting"), 3.0);
+
+        // Unhealthy: /health and completions answer 503.
+        call(
+            &client,
+            "PUT",
+            format!("{base}/admin/health"),
+            Some(json!({"healthy": false})),
+        )
+        .await;
+        assert_eq!(
+            call(&client, "GET", format!("{base}/health"), None).await.0,
+            503
+        );
+        let (status, _, _) = call(
+            &client,
+            "POST",
+            chat.clone(),
+            Some(json!({"messages": msgs})),
+        )
+        .await;
+        assert_eq!(status, 503);
+        call(
+            &client,
+            "PUT",
+            format!("{base}/admin/health"),
+            Some(json!({"healthy": true})),
+        )
+        .await;
+        assert_eq!(
+            call(&client, "GET", format!("{base}/health"), None).await.0,
+            200
+        );
+
+        let (_, _, body) = call(&client, "GET", format!("{base}/admin/stats"), None).await;
+        let stats: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(stats["received"], 7);
+        assert_eq!(stats["by_model"]["m2"], 1);
+        assert_eq!(stats["peak_running"], 1);
+        assert_eq!(stats["running"], 0);
+        let first = &stats["recent"][0];
+        assert_eq!(first["model"], "m2");
+        assert_eq!(first["max_tokens"], 7);
+        assert_eq!(first["tenant"], "acme");
+        assert!(
+            first["content_length"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                > 0
+        );
+
+        let (_, _, body) = call(&client, "POST", format!("{base}/admin/reset"), None).await;
+        let stats: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (stats["received"].as_u64(), stats["peak_running"].as_u64()),
+            (Some(0), Some(0))
+        );
+
+        let (status, _, body) = call(&client, "GET", format!("{base}/v1/models"), None).await;
+        assert_eq!(status, 200);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["data"][1]["id"], "m2");
+        assert_eq!(v["data"][0]["max_model_len"], 4096);
+        assert_eq!(
+            call(&client, "GET", format!("{base}/nope"), None).await.0,
+            404
+        );
+        assert_eq!(call(&client, "GET", chat, None).await.0, 405);
+    }
+
+    #[tokio::test]
+    async fn client_disconnect_releases_kv() {
+        let (base, client) = start().await;
+        call(
+            &client,
+            "PUT",
+            format!("{base}/admin/latency"),
+            Some(json!({"extra_ms": 5000})),
+        )
+        .await;
+        let msgs = json!([{"role": "user", "content": "hi"}]);
+        let mut pending = Vec::new();
+        for stream in [false, true] {
+            let client = client.clone();
+            let url = format!("{base}/v1/chat/completions");
+            let body = json!({"messages": msgs, "stream": stream});
+            pending.push(tokio::spawn(async move {
+                let req = ::http::Request::post(url)
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .unwrap();
+                // Hold the response (stream) so the request stays in flight until aborted.
+                let resp = client.request(req).await.unwrap();
+                resp.into_body().collect().await.map(|_| ())
+            }));
+        }
+        let running = |stats: &Value| stats["running"].as_u64().unwrap();
+        let mut stats = Value::Null;
+        for _ in 0..100 {
+            let (_, _, b) = call(&client, "GET", format!("{base}/admin/stats"), None).await;
+            stats = serde_json::from_slice(&b).unwrap();
+            if running(&stats) == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(running(&stats), 2);
+        for p in pending {
+            p.abort();
+        }
+        for _ in 0..100 {
+            let (_, _, b) = call(&client, "GET", format!("{base}/admin/stats"), None).await;
+            stats = serde_json::from_slice(&b).unwrap();
+            if running(&stats) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(running(&stats), 0);
+        assert_eq!(stats["kv_used_tokens"], 0);
+    }
+}
