@@ -5,9 +5,17 @@
 //! choice) → upstream → outcome → [`decisions`] / [`metrics`]. The Pingora phases in [`proxy`]
 //! only glue these steps together; background services in [`signals`] and [`pools`] own all I/O.
 
-pub mod sim;
-pub mod policy;
-pub mod config;
-pub mod tenancy;
-pub mod shaping;
 pub mod admission;
+pub mod config;
+pub mod decisions;
+pub mod demo;
+pub mod metrics;
+pub mod ops;
+pub mod policy;
+pub mod pools;
+pub mod proxy;
+pub mod server;
+pub mod shaping;
+pub mod signals;
+pub mod sim;
+pub mod tenancy;

@@ -1,1 +1,104 @@
-fn main() {}
+//! The `sluice` binary: thin dispatch to the library.
+
+use clap::{Parser, Subcommand};
+use sluice::config::Config;
+use sluice::server::{self, ServerFlags};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "QoS-aware capacity governance proxy for self-hosted LLM inference"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve {
+        #[arg(short, long, default_value = "conf/sluice.yaml")]
+        config: PathBuf,
+        /// Replace the configured listeners with this address.
+        #[arg(long)]
+        listen: Option<String>,
+        /// Take over the listening sockets of a running Sluice (graceful upgrade).
+        #[arg(short, long)]
+        upgrade: bool,
+        /// Run in the background.
+        #[arg(short, long)]
+        daemon: bool,
+        /// Test the configuration and exit.
+        #[arg(short, long)]
+        test: bool,
+    },
+    /// Validate a configuration and exit non-zero with file, key and reason on error.
+    Check {
+        #[arg(short, long, default_value = "conf/sluice.yaml")]
+        config: PathBuf,
+    },
+    /// Run the vLLM simulator.
+    Sim(sluice::sim::SimArgs),
+    /// Run two simulator pools and the proxy on the embedded default config.
+    Demo(sluice::demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    server::init_logging();
+    let result = match Cli::parse().command {
+        Command::Serve {
+            config,
+            listen,
+            upgrade,
+            daemon,
+            test,
+        } => Config::load(&config)
+            .map_err(|e| e.to_string())
+            .and_then(|mut cfg| {
+                if let Some(l) = listen {
+                    cfg.listen = vec![l];
+                }
+                let (server, _app) = server::build(
+                    cfg,
+                    ServerFlags {
+                        upgrade,
+                        daemon,
+                        test,
+                    },
+                )?;
+                server.run_forever()
+            }),
+        Command::Check { config } => Config::load(&config)
+            .map(|cfg| {
+                println!(
+                    "{}: ok ({} tenants, {} on-demand and {} spot backends, {} fallbacks)",
+                    config.display(),
+                    cfg.tenants.len(),
+                    cfg.pools.on_demand.backends.len(),
+                    cfg.pools.spot.backends.len(),
+                    cfg.fallbacks.len()
+                );
+            })
+            .map_err(|e| e.to_string()),
+        Command::Sim(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+            .and_then(|rt| {
+                rt.block_on(sluice::sim::run(args))
+                    .map_err(|e| e.to_string())
+            }),
+        Command::Demo(args) => sluice::demo::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

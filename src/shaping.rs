@@ -7,7 +7,10 @@ use serde_json::{Map, Value};
 /// Only POST/PUT/PATCH to the completions endpoints are eligible for shaping.
 pub fn is_shapeable(method: &str, path: &str) -> bool {
     matches!(method, "POST" | "PUT" | "PATCH")
-        && matches!(path.trim_end_matches('/'), "/v1/chat/completions" | "/v1/completions")
+        && matches!(
+            path.trim_end_matches('/'),
+            "/v1/chat/completions" | "/v1/completions"
+        )
 }
 
 /// What the ledger and the timeouts need from a completions body.
@@ -23,7 +26,11 @@ pub enum Shaped {
     /// Nothing to change: forward the original bytes.
     Unchanged(BodyFacts),
     /// The rewritten body.
-    Rewritten { body: Vec<u8>, facts: BodyFacts, applied_max_tokens: Option<i64> },
+    Rewritten {
+        body: Vec<u8>,
+        facts: BodyFacts,
+        applied_max_tokens: Option<i64>,
+    },
     /// Not a JSON object. The caller decides whether that is fatal (only when a rewrite is needed).
     NotJson,
 }
@@ -77,7 +84,12 @@ pub fn facts(body: &[u8]) -> Option<BodyFacts> {
 
 /// The seed's rules: missing → cap (only for `max_tokens`; `max_completion_tokens` is capped
 /// only when present), not an integer → cap, above the cap → cap, at or below → unchanged.
-fn apply_max_tokens(obj: &mut Map<String, Value>, field: &str, cap: u32, insert_missing: bool) -> bool {
+fn apply_max_tokens(
+    obj: &mut Map<String, Value>,
+    field: &str,
+    cap: u32,
+    insert_missing: bool,
+) -> bool {
     let current = match obj.get(field) {
         None if !insert_missing => return false,
         None | Some(Value::Null) => None,
@@ -122,18 +134,47 @@ mod tests {
 
     #[test]
     fn seed_max_tokens_rules() {
-        assert_eq!(rewritten(r#"{"model":"m"}"#, Some(256), None)["max_tokens"], 256, "missing → cap");
-        assert_eq!(rewritten(r#"{"max_tokens":"lots"}"#, Some(256), None)["max_tokens"], 256, "non-integer → cap");
-        assert_eq!(rewritten(r#"{"max_tokens":1.5}"#, Some(256), None)["max_tokens"], 256, "non-integer → cap");
-        assert_eq!(rewritten(r#"{"max_tokens":4096}"#, Some(256), None)["max_tokens"], 256, "above → cap");
+        assert_eq!(
+            rewritten(r#"{"model":"m"}"#, Some(256), None)["max_tokens"],
+            256,
+            "missing → cap"
+        );
+        assert_eq!(
+            rewritten(r#"{"max_tokens":"lots"}"#, Some(256), None)["max_tokens"],
+            256,
+            "non-integer → cap"
+        );
+        assert_eq!(
+            rewritten(r#"{"max_tokens":1.5}"#, Some(256), None)["max_tokens"],
+            256,
+            "non-integer → cap"
+        );
+        assert_eq!(
+            rewritten(r#"{"max_tokens":4096}"#, Some(256), None)["max_tokens"],
+            256,
+            "above → cap"
+        );
         let below = r#"{"model":"m", "max_tokens": 100}"#;
-        assert_eq!(shape(below.as_bytes(), Some(256), None), Shaped::Unchanged(facts(below.as_bytes()).unwrap()));
+        assert_eq!(
+            shape(below.as_bytes(), Some(256), None),
+            Shaped::Unchanged(facts(below.as_bytes()).unwrap())
+        );
     }
 
     #[test]
     fn max_completion_tokens_capped_only_when_present() {
-        let v = rewritten(r#"{"max_completion_tokens":9000,"max_tokens":10}"#, Some(512), None);
-        assert_eq!((v["max_completion_tokens"].as_i64(), v["max_tokens"].as_i64()), (Some(512), Some(10)));
+        let v = rewritten(
+            r#"{"max_completion_tokens":9000,"max_tokens":10}"#,
+            Some(512),
+            None,
+        );
+        assert_eq!(
+            (
+                v["max_completion_tokens"].as_i64(),
+                v["max_tokens"].as_i64()
+            ),
+            (Some(512), Some(10))
+        );
         let v = rewritten(r#"{"max_tokens":9000}"#, Some(512), None);
         assert!(v.get("max_completion_tokens").is_none());
     }
@@ -141,14 +182,21 @@ mod tests {
     #[test]
     fn model_rewrite_keeps_every_other_field_in_order() {
         let body = r#"{"model":"big","messages":[{"role":"user","content":"hi"}],"temperature":0.7,"stream":true}"#;
-        let Shaped::Rewritten { body: out, facts, .. } = shape(body.as_bytes(), None, Some("small")) else {
+        let Shaped::Rewritten {
+            body: out, facts, ..
+        } = shape(body.as_bytes(), None, Some("small"))
+        else {
             panic!()
         };
         assert_eq!(
             String::from_utf8(out).unwrap(),
             r#"{"model":"small","messages":[{"role":"user","content":"hi"}],"temperature":0.7,"stream":true}"#
         );
-        assert_eq!(facts.model.as_deref(), Some("big"), "facts describe the request as received");
+        assert_eq!(
+            facts.model.as_deref(),
+            Some("big"),
+            "facts describe the request as received"
+        );
         assert!(facts.stream);
     }
 

@@ -57,12 +57,22 @@ impl TenantDirectory {
     }
 
     /// `Err` carries the reason for a 401 (or 400 for a malformed header).
-    pub fn resolve(&self, tenant_header: Option<&[u8]>, authorization: Option<&[u8]>) -> Result<Identity, Reason> {
+    pub fn resolve(
+        &self,
+        tenant_header: Option<&[u8]>,
+        authorization: Option<&[u8]>,
+    ) -> Result<Identity, Reason> {
         // Without configured keys a bearer token belongs to the backend (vLLM's --api-key), not us.
-        let bearer = authorization.and_then(bearer_token).filter(|_| !self.keys.is_empty());
+        let bearer = authorization
+            .and_then(bearer_token)
+            .filter(|_| !self.keys.is_empty());
         if let Some(key) = bearer {
             let tenant = self.match_key(key).ok_or(Reason::InvalidApiKey)?;
-            let tier = self.tiers.get(tenant).copied().ok_or(Reason::InvalidApiKey)?;
+            let tier = self
+                .tiers
+                .get(tenant)
+                .copied()
+                .ok_or(Reason::InvalidApiKey)?;
             return Ok(Identity {
                 tenant: tenant.to_string(),
                 tier,
@@ -97,7 +107,10 @@ impl TenantDirectory {
         let digest: [u8; 32] = Sha256::digest(key).into();
         let mut found = None;
         for (hash, tenant) in &self.keys {
-            let diff = hash.iter().zip(digest.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            let diff = hash
+                .iter()
+                .zip(digest.iter())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
             if diff == 0 {
                 found = Some(tenant.as_str());
             }
@@ -107,7 +120,9 @@ impl TenantDirectory {
 }
 
 fn bearer_token(value: &[u8]) -> Option<&[u8]> {
-    let v = value.strip_prefix(b"Bearer ").or_else(|| value.strip_prefix(b"bearer "))?;
+    let v = value
+        .strip_prefix(b"Bearer ")
+        .or_else(|| value.strip_prefix(b"bearer "))?;
     let v = v.trim_ascii();
     (!v.is_empty()).then_some(v)
 }
@@ -132,7 +147,10 @@ fn decode_hex32(s: &str) -> Option<[u8; 32]> {
 
 /// SHA-256 hex of a key, as stored in config (`printf %s KEY | sha256sum`).
 pub fn hash_key(key: &str) -> String {
-    Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -142,8 +160,10 @@ mod tests {
 
     fn dir(require: bool, unknown: &str) -> TenantDirectory {
         let mut cfg = Config::default();
-        cfg.tenants.insert("support-bot".into(), "Guaranteed".into());
-        cfg.tenants.insert("batch-analytics".into(), "Best-Effort".into());
+        cfg.tenants
+            .insert("support-bot".into(), "Guaranteed".into());
+        cfg.tenants
+            .insert("batch-analytics".into(), "Best-Effort".into());
         cfg.api_keys.push(ApiKey {
             tenant: "support-bot".into(),
             sha256: hash_key("sk-support"),
@@ -156,34 +176,73 @@ mod tests {
     #[test]
     fn header_maps_to_tier_and_unknown_gets_default() {
         let d = dir(false, "Best-Effort");
-        assert_eq!(d.resolve(Some(b"support-bot"), None).unwrap().tier, Tier::Guaranteed);
+        assert_eq!(
+            d.resolve(Some(b"support-bot"), None).unwrap().tier,
+            Tier::Guaranteed
+        );
         let anon = d.resolve(None, None).unwrap();
-        assert_eq!((anon.tenant.as_str(), anon.tier), (ANONYMOUS, Tier::BestEffort));
-        assert_eq!(d.resolve(Some(b"nobody"), None).unwrap().tier, Tier::BestEffort);
-        assert_eq!(dir(false, "reject").resolve(Some(b"nobody"), None), Err(Reason::UnknownTenant));
+        assert_eq!(
+            (anon.tenant.as_str(), anon.tier),
+            (ANONYMOUS, Tier::BestEffort)
+        );
+        assert_eq!(
+            d.resolve(Some(b"nobody"), None).unwrap().tier,
+            Tier::BestEffort
+        );
+        assert_eq!(
+            dir(false, "reject").resolve(Some(b"nobody"), None),
+            Err(Reason::UnknownTenant)
+        );
     }
 
     #[test]
     fn keys_win_and_cannot_be_bypassed() {
         let d = dir(true, "Best-Effort");
-        let id = d.resolve(Some(b"batch-analytics"), Some(b"Bearer sk-support")).unwrap();
-        assert_eq!((id.tenant.as_str(), id.tier, id.via_api_key), ("support-bot", Tier::Guaranteed, true));
-        assert_eq!(d.resolve(Some(b"support-bot"), None), Err(Reason::MissingApiKey), "header ignored");
-        assert_eq!(d.resolve(None, Some(b"Bearer wrong")), Err(Reason::InvalidApiKey));
+        let id = d
+            .resolve(Some(b"batch-analytics"), Some(b"Bearer sk-support"))
+            .unwrap();
+        assert_eq!(
+            (id.tenant.as_str(), id.tier, id.via_api_key),
+            ("support-bot", Tier::Guaranteed, true)
+        );
+        assert_eq!(
+            d.resolve(Some(b"support-bot"), None),
+            Err(Reason::MissingApiKey),
+            "header ignored"
+        );
+        assert_eq!(
+            d.resolve(None, Some(b"Bearer wrong")),
+            Err(Reason::InvalidApiKey)
+        );
         let open = dir(false, "Best-Effort");
-        assert_eq!(open.resolve(Some(b"support-bot"), Some(b"Bearer wrong")), Err(Reason::InvalidApiKey));
+        assert_eq!(
+            open.resolve(Some(b"support-bot"), Some(b"Bearer wrong")),
+            Err(Reason::InvalidApiKey)
+        );
     }
 
     #[test]
     fn malformed_header_is_refused() {
         let d = dir(false, "Best-Effort");
-        assert_eq!(d.resolve(Some(b"bad tenant"), None), Err(Reason::InvalidTenantHeader));
-        assert_eq!(d.resolve(Some(&[0xff, 0xfe]), None), Err(Reason::InvalidTenantHeader));
-        assert_eq!(d.resolve(Some(&[b'a'; 200]), None), Err(Reason::InvalidTenantHeader));
+        assert_eq!(
+            d.resolve(Some(b"bad tenant"), None),
+            Err(Reason::InvalidTenantHeader)
+        );
+        assert_eq!(
+            d.resolve(Some(&[0xff, 0xfe]), None),
+            Err(Reason::InvalidTenantHeader)
+        );
+        assert_eq!(
+            d.resolve(Some(&[b'a'; 200]), None),
+            Err(Reason::InvalidTenantHeader)
+        );
     }
 
     #[test]
     fn hash_matches_sha256sum() {
-        assert_eq!(hash_key("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            hash_key("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 }

@@ -28,7 +28,9 @@ impl Inner {
     fn lock(&self, tier: Tier) -> MutexGuard<'_, TierSlots> {
         // A poisoned lock only means another thread panicked mid-update of plain counters;
         // keep serving rather than cascading the panic onto the request path.
-        self.tiers[tier.index()].lock().unwrap_or_else(|e| e.into_inner())
+        self.tiers[tier.index()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn slot(self: &Arc<Self>, tier: Tier) -> Slot {
@@ -179,12 +181,19 @@ mod tests {
         let a = LocalAdmission::new();
         let s1 = admitted(a.admit(Tier::Guaranteed, 2, None).await);
         let _s2 = admitted(a.admit(Tier::Guaranteed, 2, None).await);
-        assert_eq!(refused(a.admit(Tier::Guaranteed, 2, None).await), Reason::TierAtCapacity);
+        assert_eq!(
+            refused(a.admit(Tier::Guaranteed, 2, None).await),
+            Reason::TierAtCapacity
+        );
         assert_eq!(a.status(Tier::Guaranteed).inflight, 2);
         drop(s1);
         assert_eq!(a.status(Tier::Guaranteed).inflight, 1);
         let _s3 = admitted(a.admit(Tier::Guaranteed, 2, None).await);
-        assert_eq!(a.status(Tier::Standard).inflight, 0, "tiers are independent");
+        assert_eq!(
+            a.status(Tier::Standard).inflight,
+            0,
+            "tiers are independent"
+        );
     }
 
     #[tokio::test]
@@ -212,7 +221,14 @@ mod tests {
         ];
         assert_eq!(order, vec![0, 1, 2]);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(a.status(Tier::Standard), TierAdmission { inflight: 0, queued: 0, capacity: 1 });
+        assert_eq!(
+            a.status(Tier::Standard),
+            TierAdmission {
+                inflight: 0,
+                queued: 0,
+                capacity: 1
+            }
+        );
     }
 
     #[tokio::test]
@@ -220,11 +236,19 @@ mod tests {
         let a = LocalAdmission::new();
         let _held = admitted(a.admit(Tier::Standard, 1, None).await);
         let a2 = a.clone();
-        let waiter = tokio::spawn(async move { refused(a2.admit(Tier::Standard, 1, q(1, 100)).await) });
+        let waiter =
+            tokio::spawn(async move { refused(a2.admit(Tier::Standard, 1, q(1, 100)).await) });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(refused(a.admit(Tier::Standard, 1, q(1, 100)).await), Reason::QueueDropped);
+        assert_eq!(
+            refused(a.admit(Tier::Standard, 1, q(1, 100)).await),
+            Reason::QueueDropped
+        );
         assert_eq!(waiter.await.unwrap(), Reason::QueueTimedOut);
-        assert_eq!(a.status(Tier::Standard).queued, 0, "timed-out entries are removed");
+        assert_eq!(
+            a.status(Tier::Standard).queued,
+            0,
+            "timed-out entries are removed"
+        );
         assert_eq!(a.status(Tier::Standard).inflight, 1);
     }
 

@@ -30,7 +30,10 @@ pub enum Admission {
         queued_for: Option<Duration>,
     },
     /// `TierAtCapacity`, `QueueDropped`, `QueueTimedOut` or `Draining`.
-    Refused { reason: Reason, queued_for: Option<Duration> },
+    Refused {
+        reason: Reason,
+        queued_for: Option<Duration>,
+    },
 }
 
 /// Per-tier counters for `/status` and `/metrics`.
@@ -81,6 +84,10 @@ impl Drop for Slot {
 
 impl std::fmt::Debug for Slot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.release.is_some() { "Slot(held)" } else { "Slot(released)" })
+        f.write_str(if self.release.is_some() {
+            "Slot(held)"
+        } else {
+            "Slot(released)"
+        })
     }
 }

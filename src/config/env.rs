@@ -15,61 +15,93 @@ type Setter = fn(&mut Config, &str) -> Result<(), String>;
 
 /// (variable, config key it overrides, setter)
 pub const OVERRIDES: &[(&str, &str, Setter)] = &[
-    ("SLUICE_STATE_CONSECUTIVE_SAMPLES", "stability.consecutive_samples", |c, v| {
-        c.stability.consecutive_samples = num(v)?;
-        Ok(())
-    }),
-    ("SLUICE_STATE_COOLDOWN_SECONDS", "stability.cooldown_seconds", |c, v| {
-        c.stability.cooldown_seconds = num(v)?;
-        Ok(())
-    }),
+    (
+        "SLUICE_STATE_CONSECUTIVE_SAMPLES",
+        "stability.consecutive_samples",
+        |c, v| {
+            c.stability.consecutive_samples = num(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "SLUICE_STATE_COOLDOWN_SECONDS",
+        "stability.cooldown_seconds",
+        |c, v| {
+            c.stability.cooldown_seconds = num(v)?;
+            Ok(())
+        },
+    ),
     ("SLUICE_STATE_HYSTERESIS", "stability.hysteresis", |c, v| {
         c.stability.hysteresis = num(v)?;
         Ok(())
     }),
-    ("SLUICE_FALLBACK_PRESSURE_AT", "fallback.pressure_at", |c, v| {
-        c.fallback.pressure_at = num(v)?;
-        Ok(())
-    }),
-    ("SLUICE_FALLBACK_RECOVER_BELOW", "fallback.recover_below", |c, v| {
-        c.fallback.recover_below = num(v)?;
-        Ok(())
-    }),
-    ("SLUICE_FALLBACK_SUSTAINED_INTERVALS", "fallback.sustained_intervals", |c, v| {
-        c.fallback.sustained_intervals = num(v)?;
-        Ok(())
-    }),
-    ("SLUICE_FALLBACK_COOLDOWN_SECONDS", "fallback.cooldown_seconds", |c, v| {
-        c.fallback.cooldown_seconds = num(v)?;
-        Ok(())
-    }),
+    (
+        "SLUICE_FALLBACK_PRESSURE_AT",
+        "fallback.pressure_at",
+        |c, v| {
+            c.fallback.pressure_at = num(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "SLUICE_FALLBACK_RECOVER_BELOW",
+        "fallback.recover_below",
+        |c, v| {
+            c.fallback.recover_below = num(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "SLUICE_FALLBACK_SUSTAINED_INTERVALS",
+        "fallback.sustained_intervals",
+        |c, v| {
+            c.fallback.sustained_intervals = num(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "SLUICE_FALLBACK_COOLDOWN_SECONDS",
+        "fallback.cooldown_seconds",
+        |c, v| {
+            c.fallback.cooldown_seconds = num(v)?;
+            Ok(())
+        },
+    ),
     ("SLUICE_QUEUE_MAX_SIZE", "queue.max_size", |c, v| {
         c.queue.max_size = num(v)?;
         Ok(())
     }),
-    ("SLUICE_QUEUE_MAX_WAIT_SECONDS", "queue.max_wait_seconds", |c, v| {
-        c.queue.max_wait_seconds = num(v)?;
-        Ok(())
-    }),
+    (
+        "SLUICE_QUEUE_MAX_WAIT_SECONDS",
+        "queue.max_wait_seconds",
+        |c, v| {
+            c.queue.max_wait_seconds = num(v)?;
+            Ok(())
+        },
+    ),
     ("SLUICE_QUEUE_POLL_SECONDS", "queue.poll_seconds", |c, v| {
         c.queue.poll_seconds = num(v)?;
         Ok(())
     }),
-    ("SLUICE_TIER_INFLIGHT_CAPACITY", "tiers.<tier>.inflight_capacity", |c, v| {
-        for part in v.split(',').filter(|p| !p.trim().is_empty()) {
-            let (tier, n) = part
-                .split_once('=')
-                .ok_or_else(|| format!("expected Tier=N[,Tier=N…], got {part:?}"))?;
-            let tier = Tier::parse(tier).ok_or_else(|| format!("unknown tier {tier:?}"))?;
-            let n = Some(num(n)?);
-            match tier {
-                Tier::Guaranteed => c.tiers.guaranteed.inflight_capacity = n,
-                Tier::Standard => c.tiers.standard.inflight_capacity = n,
-                Tier::BestEffort => c.tiers.best_effort.inflight_capacity = n,
+    (
+        "SLUICE_TIER_INFLIGHT_CAPACITY",
+        "tiers.<tier>.inflight_capacity",
+        |c, v| {
+            for part in v.split(',').filter(|p| !p.trim().is_empty()) {
+                let (tier, n) = part
+                    .split_once('=')
+                    .ok_or_else(|| format!("expected Tier=N[,Tier=N…], got {part:?}"))?;
+                let tier = Tier::parse(tier).ok_or_else(|| format!("unknown tier {tier:?}"))?;
+                let n = Some(num(n)?);
+                match tier {
+                    Tier::Guaranteed => c.tiers.guaranteed.inflight_capacity = n,
+                    Tier::Standard => c.tiers.standard.inflight_capacity = n,
+                    Tier::BestEffort => c.tiers.best_effort.inflight_capacity = n,
+                }
             }
-        }
-        Ok(())
-    }),
+            Ok(())
+        },
+    ),
     ("SLUICE_MAX_BODY_BYTES", "limits.max_body_bytes", |c, v| {
         c.limits.max_body_bytes = num(v)?;
         Ok(())

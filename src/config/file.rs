@@ -128,7 +128,7 @@ impl Default for PoolsConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
     /// `host:port` of each OpenAI-compatible backend (vLLM).
@@ -140,15 +140,6 @@ impl PoolConfig {
     pub fn with_backend(addr: &str) -> Self {
         Self {
             backends: vec![addr.into()],
-            health_check: HealthCheckConfig::default(),
-        }
-    }
-}
-
-impl Default for PoolConfig {
-    fn default() -> Self {
-        Self {
-            backends: Vec::new(),
             health_check: HealthCheckConfig::default(),
         }
     }
@@ -355,9 +346,6 @@ impl Default for RoutingConfig {
 pub struct LimitsConfig {
     /// Larger request bodies get 413.
     pub max_body_bytes: usize,
-    /// With `true`, a body that must be rewritten but is not JSON is refused (400); otherwise a
-    /// non-JSON body is forwarded untouched when the decision needs no rewrite.
-    pub require_json: bool,
     pub upstream_connect_timeout_ms: u64,
     /// Per read from the backend: bounds time to first token and each gap between stream chunks,
     /// not the whole generation.
@@ -370,7 +358,6 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_body_bytes: 4 * 1024 * 1024,
-            require_json: false,
             upstream_connect_timeout_ms: 1000,
             upstream_read_timeout_ms: 120_000,
             upstream_idle_timeout_ms: 4000,
@@ -404,7 +391,10 @@ pub(super) fn policy_rules(cfg: &Config) -> PolicyRules {
         TierRules {
             thresholds: Thresholds {
                 pressure: th.pressure.map(Into::into).unwrap_or(d.thresholds.pressure),
-                queue_depth: th.queue_depth.map(Into::into).unwrap_or(d.thresholds.queue_depth),
+                queue_depth: th
+                    .queue_depth
+                    .map(Into::into)
+                    .unwrap_or(d.thresholds.queue_depth),
                 sla_violation_rate: th
                     .sla_violation_rate
                     .map(Into::into)

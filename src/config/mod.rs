@@ -70,16 +70,25 @@ impl Config {
         let mut cfg: Config = serde_yaml::from_str(text).map_err(|e| yaml_error(label, &e))?;
         cfg.source = label.to_string();
         if let Some(rel) = cfg.tenants_file.clone() {
-            let path = if rel.is_absolute() { rel } else { dir.join(rel) };
+            let path = if rel.is_absolute() {
+                rel
+            } else {
+                dir.join(rel)
+            };
             let tlabel = path.display().to_string();
             let ttext = match (std::fs::read_to_string(&path), tenants_text) {
                 (Ok(t), _) => t,
                 (Err(_), Some(t)) => t.to_string(),
                 (Err(e), None) => {
-                    return Err(ConfigError::new(label, "tenants_file", format!("cannot read {tlabel}: {e}")))
+                    return Err(ConfigError::new(
+                        label,
+                        "tenants_file",
+                        format!("cannot read {tlabel}: {e}"),
+                    ))
                 }
             };
-            let tf: TenantsFile = serde_yaml::from_str(&ttext).map_err(|e| yaml_error(&tlabel, &e))?;
+            let tf: TenantsFile =
+                serde_yaml::from_str(&ttext).map_err(|e| yaml_error(&tlabel, &e))?;
             for (name, tier) in tf.tenants {
                 cfg.tenants.entry(name).or_insert(tier);
             }

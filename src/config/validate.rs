@@ -14,7 +14,10 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     }
     for (i, addr) in c.listen.iter().enumerate() {
         if addr.parse::<SocketAddr>().is_err() {
-            return err(&format!("listen[{i}]"), format!("{addr:?} is not an ip:port address"));
+            return err(
+                &format!("listen[{i}]"),
+                format!("{addr:?} is not an ip:port address"),
+            );
         }
     }
     c.server_conf()?;
@@ -25,10 +28,16 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     for (i, f) in c.fallbacks.iter().enumerate() {
         let key = format!("fallbacks[{i}]");
         if !names.insert(f.name.as_str()) {
-            return err(&format!("{key}.name"), format!("duplicate fallback name {:?}", f.name));
+            return err(
+                &format!("{key}.name"),
+                format!("duplicate fallback name {:?}", f.name),
+            );
         }
         if f.model.trim().is_empty() {
-            return err(&format!("{key}.model"), "must name the fallback model".into());
+            return err(
+                &format!("{key}.model"),
+                "must name the fallback model".into(),
+            );
         }
         if let Err(reason) = backend_of_url(&f.url) {
             return err(&format!("{key}.url"), reason);
@@ -37,10 +46,16 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
 
     let s = &c.signals;
     if s.scrape_interval_ms == 0 || s.scrape_timeout_ms == 0 {
-        return err("signals", "scrape_interval_ms and scrape_timeout_ms must be > 0".into());
+        return err(
+            "signals",
+            "scrape_interval_ms and scrape_timeout_ms must be > 0".into(),
+        );
     }
     if s.stale_after_ms <= s.scrape_interval_ms {
-        return err("signals.stale_after_ms", "must be larger than scrape_interval_ms".into());
+        return err(
+            "signals.stale_after_ms",
+            "must be larger than scrape_interval_ms".into(),
+        );
     }
     if c.stability.consecutive_samples == 0 {
         return err("stability.consecutive_samples", "must be at least 1".into());
@@ -48,8 +63,14 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     for (key, v) in [
         ("stability.cooldown_seconds", c.stability.cooldown_seconds),
         ("stability.hysteresis", c.stability.hysteresis),
-        ("stability.queue_depth_hysteresis", c.stability.queue_depth_hysteresis),
-        ("stability.sla_rate_hysteresis", c.stability.sla_rate_hysteresis),
+        (
+            "stability.queue_depth_hysteresis",
+            c.stability.queue_depth_hysteresis,
+        ),
+        (
+            "stability.sla_rate_hysteresis",
+            c.stability.sla_rate_hysteresis,
+        ),
         ("fallback.cooldown_seconds", c.fallback.cooldown_seconds),
         ("queue.poll_seconds", c.queue.poll_seconds),
     ] {
@@ -63,7 +84,10 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     if c.fallback.recover_below > c.fallback.pressure_at {
         return err(
             "fallback.recover_below",
-            format!("must not exceed fallback.pressure_at ({})", c.fallback.pressure_at),
+            format!(
+                "must not exceed fallback.pressure_at ({})",
+                c.fallback.pressure_at
+            ),
         );
     }
     if !(c.queue.max_wait_seconds.is_finite() && c.queue.max_wait_seconds > 0.0) {
@@ -78,7 +102,10 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
         let base = format!("tiers.{}", tier.as_str());
         if let Some(pool) = &t.pool {
             if pool != "on-demand" && pool != "spot" {
-                return err(&format!("{base}.pool"), format!("{pool:?} is not on-demand or spot"));
+                return err(
+                    &format!("{base}.pool"),
+                    format!("{pool:?} is not on-demand or spot"),
+                );
             }
         }
         let th = &t.thresholds;
@@ -96,7 +123,10 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
             }
             if let (Some(e), Some(cr)) = (v.elevated_at, v.critical_at) {
                 if e > cr {
-                    return err(&key, format!("elevated_at ({e}) is above critical_at ({cr})"));
+                    return err(
+                        &key,
+                        format!("elevated_at ({e}) is above critical_at ({cr})"),
+                    );
                 }
             }
         }
@@ -115,47 +145,83 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     for (i, k) in c.api_keys.iter().enumerate() {
         let key = format!("api_keys[{i}]");
         if !c.tenants.contains_key(&k.tenant) {
-            return Err(ConfigError::new(tfile, format!("{key}.tenant"), format!("unknown tenant {:?}", k.tenant)));
+            return Err(ConfigError::new(
+                tfile,
+                format!("{key}.tenant"),
+                format!("unknown tenant {:?}", k.tenant),
+            ));
         }
         if k.sha256.len() != 64 || !k.sha256.chars().all(|ch| ch.is_ascii_hexdigit()) {
-            return Err(ConfigError::new(tfile, format!("{key}.sha256"), "must be 64 hex characters (SHA-256 of the key)"));
+            return Err(ConfigError::new(
+                tfile,
+                format!("{key}.sha256"),
+                "must be 64 hex characters (SHA-256 of the key)",
+            ));
         }
     }
     let unknown = c.auth.unknown_tenant.as_str();
     if unknown != "reject" && Tier::parse(unknown).is_none() {
-        return err("auth.unknown_tenant", format!("{unknown:?} is neither a tier nor \"reject\""));
+        return err(
+            "auth.unknown_tenant",
+            format!("{unknown:?} is neither a tier nor \"reject\""),
+        );
     }
     if c.auth.require_api_key && c.api_keys.is_empty() {
-        return err("auth.require_api_key", "API keys are required but none are configured".into());
+        return err(
+            "auth.require_api_key",
+            "API keys are required but none are configured".into(),
+        );
     }
     Ok(())
 }
 
 fn pool(file: &str, base: &str, p: &PoolConfig, required: bool) -> Result<(), ConfigError> {
     if required && p.backends.is_empty() {
-        return Err(ConfigError::new(file, format!("{base}.backends"), "at least one backend is required"));
+        return Err(ConfigError::new(
+            file,
+            format!("{base}.backends"),
+            "at least one backend is required",
+        ));
     }
     for (i, b) in p.backends.iter().enumerate() {
         if let Err(reason) = host_port(b) {
-            return Err(ConfigError::new(file, format!("{base}.backends[{i}]"), reason));
+            return Err(ConfigError::new(
+                file,
+                format!("{base}.backends[{i}]"),
+                reason,
+            ));
         }
     }
     let hc: &HealthCheckConfig = &p.health_check;
     if !hc.path.starts_with('/') {
-        return Err(ConfigError::new(file, format!("{base}.health_check.path"), "must start with /"));
+        return Err(ConfigError::new(
+            file,
+            format!("{base}.health_check.path"),
+            "must start with /",
+        ));
     }
     if hc.interval_ms == 0 || hc.timeout_ms == 0 {
-        return Err(ConfigError::new(file, format!("{base}.health_check"), "interval_ms and timeout_ms must be > 0"));
+        return Err(ConfigError::new(
+            file,
+            format!("{base}.health_check"),
+            "interval_ms and timeout_ms must be > 0",
+        ));
     }
     if hc.consecutive_success == 0 || hc.consecutive_failure == 0 {
-        return Err(ConfigError::new(file, format!("{base}.health_check"), "consecutive_success/failure must be >= 1"));
+        return Err(ConfigError::new(
+            file,
+            format!("{base}.health_check"),
+            "consecutive_success/failure must be >= 1",
+        ));
     }
     Ok(())
 }
 
 fn host_port(s: &str) -> Result<(), String> {
     match s.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => Ok(()),
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
+            Ok(())
+        }
         _ => Err(format!("{s:?} is not host:port")),
     }
 }

@@ -69,15 +69,25 @@ mod tests {
     #[test]
     fn non_shapeable_passes_untouched_even_when_critical() {
         let p = plan(Intervention::Reject(Reason::RejectPressure));
-        assert_eq!(select(&p, &STATE, &facts(false, false)), (Action::Pass, Reason::EndpointNotShapeable));
+        assert_eq!(
+            select(&p, &STATE, &facts(false, false)),
+            (Action::Pass, Reason::EndpointNotShapeable)
+        );
     }
 
     #[test]
     fn fallback_needs_an_available_backend() {
-        let p = plan(Intervention::Fallback { max_tokens: Some(256) });
+        let p = plan(Intervention::Fallback {
+            max_tokens: Some(256),
+        });
         assert_eq!(
             select(&p, &STATE, &facts(true, true)),
-            (Action::Fallback { max_tokens: Some(256) }, Reason::FallbackSustainedPressure)
+            (
+                Action::Fallback {
+                    max_tokens: Some(256)
+                },
+                Reason::FallbackSustainedPressure
+            )
         );
         assert_eq!(
             select(&p, &STATE, &facts(true, false)),

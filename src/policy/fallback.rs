@@ -85,11 +85,17 @@ mod tests {
         let mut t = SustainedPressureTracker::new(FallbackTuning::default());
         assert!(!t.observe(Some(90.0), 1000));
         assert!(!t.observe(Some(90.0), 2000));
-        assert!(t.observe(Some(90.0), 3000), "third interval at >= 85 activates");
+        assert!(
+            t.observe(Some(90.0), 3000),
+            "third interval at >= 85 activates"
+        );
         assert!(t.observe(Some(80.0), 4000), "between 75 and 85 holds");
         assert!(t.observe(Some(70.0), 5000));
         assert!(t.observe(Some(70.0), 6000));
-        assert!(!t.observe(Some(70.0), 7000), "third interval below 75 recovers");
+        assert!(
+            !t.observe(Some(70.0), 7000),
+            "third interval below 75 recovers"
+        );
     }
 
     #[test]

@@ -62,7 +62,12 @@ impl PolicyEngine {
     }
 
     /// Feeds one sample of the signals (on-demand pool for tier states, spot pool for eviction).
-    pub fn observe(&mut self, signals: &PoolSignals, spot: &PoolSignals, now: Millis) -> PolicyState {
+    pub fn observe(
+        &mut self,
+        signals: &PoolSignals,
+        spot: &PoolSignals,
+        now: Millis,
+    ) -> PolicyState {
         let tiers = Tier::ALL.map(|tier| {
             let rules = self.rules.tier(tier);
             let raw = pressure::evaluate(&rules.thresholds, signals, &self.rules.stability);
@@ -77,12 +82,8 @@ impl PolicyEngine {
             }
         });
         let fallback_active = self.fallback.observe(signals.pressure, now);
-        let spot_state = pressure::evaluate(
-            &self.rules.spot_eviction,
-            spot,
-            &self.rules.stability,
-        )
-        .escalate;
+        let spot_state =
+            pressure::evaluate(&self.rules.spot_eviction, spot, &self.rules.stability).escalate;
         PolicyState {
             tiers,
             fallback_active,
@@ -147,11 +148,17 @@ mod tests {
         };
         let s = run(20.0, 3);
         let d = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
-        assert_eq!((d.action, d.reason, d.pool), (Action::Pass, Reason::BelowTierThreshold, Pool::Spot));
+        assert_eq!(
+            (d.action, d.reason, d.pool),
+            (Action::Pass, Reason::BelowTierThreshold, Pool::Spot)
+        );
 
         let s = run(65.0, 2);
         let be = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
-        assert_eq!((be.action, be.reason), (Action::Reject, Reason::RejectPressure));
+        assert_eq!(
+            (be.action, be.reason),
+            (Action::Reject, Reason::RejectPressure)
+        );
         let g = decide(&s, &PolicyRules::default(), &facts(Tier::Guaranteed));
         assert_eq!(g.action, Action::Pass);
 
@@ -162,19 +169,31 @@ mod tests {
 
         let s = run(87.0, 3);
         let st = decide(&s, &PolicyRules::default(), &facts(Tier::Standard));
-        assert_eq!(st.action, Action::Fallback { max_tokens: Some(256) });
+        assert_eq!(
+            st.action,
+            Action::Fallback {
+                max_tokens: Some(256)
+            }
+        );
         assert_eq!(st.pool, Pool::Fallback);
 
         let s = run(20.0, 4);
         let st = decide(&s, &PolicyRules::default(), &facts(Tier::Standard));
-        assert_eq!(st.action, Action::Pass, "recovered: fallback released, state Normal");
+        assert_eq!(
+            st.action,
+            Action::Pass,
+            "recovered: fallback released, state Normal"
+        );
     }
 
     #[test]
     fn no_samples_fails_open() {
         let s = PolicyState::initial();
         let d = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
-        assert_eq!((d.action, d.reason), (Action::Pass, Reason::SignalsUnavailableFailOpen));
+        assert_eq!(
+            (d.action, d.reason),
+            (Action::Pass, Reason::SignalsUnavailableFailOpen)
+        );
     }
 
     #[test]
@@ -182,6 +201,9 @@ mod tests {
         let mut engine = PolicyEngine::new(PolicyRules::default());
         let s = engine.observe(&pressure(10.0), &pressure(95.0), 1000);
         let d = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
-        assert_eq!((d.pool, d.route_reason), (Pool::OnDemand, Reason::RouteSpotPressure));
+        assert_eq!(
+            (d.pool, d.route_reason),
+            (Pool::OnDemand, Reason::RouteSpotPressure)
+        );
     }
 }

@@ -56,7 +56,12 @@ pub struct RawEvaluation {
 
 pub fn evaluate(t: &Thresholds, s: &PoolSignals, tuning: &StabilityTuning) -> RawEvaluation {
     let readings = [
-        (SignalKind::Pressure, s.pressure, &t.pressure, tuning.hysteresis),
+        (
+            SignalKind::Pressure,
+            s.pressure,
+            &t.pressure,
+            tuning.hysteresis,
+        ),
         (
             SignalKind::QueueDepth,
             s.queue_depth,
@@ -141,7 +146,11 @@ mod tests {
         let t = StabilityTuning::default();
         let e = evaluate(&standard(), &sig(Some(69.0), None, None), &t);
         assert_eq!(e.escalate, PressureState::Normal);
-        assert_eq!(e.recover, PressureState::Elevated, "69 + 5 >= 70 still supports Elevated");
+        assert_eq!(
+            e.recover,
+            PressureState::Elevated,
+            "69 + 5 >= 70 still supports Elevated"
+        );
         let e = evaluate(&standard(), &sig(Some(64.0), None, None), &t);
         assert_eq!(e.recover, PressureState::Normal);
     }
@@ -153,7 +162,13 @@ mod tests {
             ..Default::default()
         };
         let t = StabilityTuning::default();
-        assert_eq!(evaluate(&best_effort, &sig(Some(59.0), None, None), &t).escalate, PressureState::Normal);
-        assert_eq!(evaluate(&best_effort, &sig(Some(60.0), None, None), &t).escalate, PressureState::Critical);
+        assert_eq!(
+            evaluate(&best_effort, &sig(Some(59.0), None, None), &t).escalate,
+            PressureState::Normal
+        );
+        assert_eq!(
+            evaluate(&best_effort, &sig(Some(60.0), None, None), &t).escalate,
+            PressureState::Critical
+        );
     }
 }

@@ -85,7 +85,10 @@ mod tests {
         for r in Reason::ALL {
             let code = r.as_str();
             assert!(seen.insert(code), "duplicate code {code}");
-            assert!(code.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{code}");
+            assert!(
+                code.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{code}"
+            );
         }
     }
 }

@@ -40,13 +40,28 @@ mod tests {
     fn spot_eviction_rules() {
         use PressureState::*;
         let be = plan(Pool::Spot);
-        assert_eq!(route(&be, &Action::Pass, Normal, true), (Pool::Spot, Reason::RouteTierPool));
-        assert_eq!(route(&be, &Action::Pass, Normal, false), (Pool::OnDemand, Reason::RouteSpotUnhealthy));
-        assert_eq!(route(&be, &Action::Pass, Critical, true), (Pool::OnDemand, Reason::RouteSpotPressure));
+        assert_eq!(
+            route(&be, &Action::Pass, Normal, true),
+            (Pool::Spot, Reason::RouteTierPool)
+        );
+        assert_eq!(
+            route(&be, &Action::Pass, Normal, false),
+            (Pool::OnDemand, Reason::RouteSpotUnhealthy)
+        );
+        assert_eq!(
+            route(&be, &Action::Pass, Critical, true),
+            (Pool::OnDemand, Reason::RouteSpotPressure)
+        );
         assert_eq!(route(&be, &Action::Pass, Elevated, true).0, Pool::Spot);
         let g = plan(Pool::OnDemand);
-        assert_eq!(route(&g, &Action::Pass, Normal, false), (Pool::OnDemand, Reason::RouteTierPool));
+        assert_eq!(
+            route(&g, &Action::Pass, Normal, false),
+            (Pool::OnDemand, Reason::RouteTierPool)
+        );
         let fb = Action::Fallback { max_tokens: None };
-        assert_eq!(route(&g, &fb, Normal, true), (Pool::Fallback, Reason::RouteFallback));
+        assert_eq!(
+            route(&g, &fb, Normal, true),
+            (Pool::Fallback, Reason::RouteFallback)
+        );
     }
 }

@@ -123,9 +123,17 @@ mod tests {
     #[test]
     fn seed_trace() {
         let mut m = StabilityModel::new(StabilityTuning::default());
-        assert_eq!(step(&mut m, 75.0, 1), Normal, "first sample waits for confirmation");
+        assert_eq!(
+            step(&mut m, 75.0, 1),
+            Normal,
+            "first sample waits for confirmation"
+        );
         assert_eq!(step(&mut m, 75.0, 2), Elevated, "confirmed");
-        assert_eq!(step(&mut m, 69.0, 3), Elevated, "inside the hysteresis band");
+        assert_eq!(
+            step(&mut m, 69.0, 3),
+            Elevated,
+            "inside the hysteresis band"
+        );
         assert_eq!(step(&mut m, 64.0, 4), Elevated, "waiting for confirmation");
         assert_eq!(step(&mut m, 64.0, 5), Normal, "confirmed");
     }
@@ -162,7 +170,11 @@ mod tests {
         let mut m = StabilityModel::new(StabilityTuning::default());
         step(&mut m, 95.0, 1);
         assert_eq!(step(&mut m, 95.0, 2), Critical);
-        let raw = evaluate(&standard(), &PoolSignals::default(), &StabilityTuning::default());
+        let raw = evaluate(
+            &standard(),
+            &PoolSignals::default(),
+            &StabilityTuning::default(),
+        );
         assert_eq!(m.observe(&raw, 3000), Normal);
     }
 }

@@ -166,11 +166,17 @@ mod tests {
         use PressureState::*;
         assert_eq!(
             plan(&r, &state(Tier::Standard, Elevated), false).intervention,
-            Intervention::Degrade { max_tokens: 256, reason: Reason::DegradePressure }
+            Intervention::Degrade {
+                max_tokens: 256,
+                reason: Reason::DegradePressure
+            }
         );
         assert_eq!(
             plan(&r, &state(Tier::Guaranteed, Elevated), false).intervention,
-            Intervention::Degrade { max_tokens: 512, reason: Reason::DegradePressure }
+            Intervention::Degrade {
+                max_tokens: 512,
+                reason: Reason::DegradePressure
+            }
         );
         assert_eq!(
             plan(&r, &state(Tier::BestEffort, Elevated), false).intervention,
@@ -183,7 +189,10 @@ mod tests {
         );
         assert!(plan(&r, &state(Tier::Standard, Normal), false).queue_eligible);
         assert!(!plan(&r, &state(Tier::Guaranteed, Normal), false).queue_eligible);
-        assert_eq!(plan(&r, &state(Tier::BestEffort, Normal), false).preferred_pool, Pool::Spot);
+        assert_eq!(
+            plan(&r, &state(Tier::BestEffort, Normal), false).preferred_pool,
+            Pool::Spot
+        );
     }
 
     #[test]
@@ -192,11 +201,16 @@ mod tests {
         use PressureState::*;
         assert_eq!(
             plan(&r, &state(Tier::Standard, Elevated), true).intervention,
-            Intervention::Fallback { max_tokens: Some(256) }
+            Intervention::Fallback {
+                max_tokens: Some(256)
+            }
         );
         assert_eq!(
             plan(&r, &state(Tier::Guaranteed, Elevated), true).intervention,
-            Intervention::Degrade { max_tokens: 512, reason: Reason::DegradePressure }
+            Intervention::Degrade {
+                max_tokens: 512,
+                reason: Reason::DegradePressure
+            }
         );
         assert_eq!(
             plan(&r, &state(Tier::Standard, Critical), true).intervention,
@@ -209,7 +223,10 @@ mod tests {
         let r = PolicyRules::default();
         let mut s = state(Tier::Standard, PressureState::Normal);
         s.fail_open = true;
-        assert_eq!(plan(&r, &s, false).intervention, Intervention::None(Reason::SignalsUnavailableFailOpen));
+        assert_eq!(
+            plan(&r, &s, false).intervention,
+            Intervention::None(Reason::SignalsUnavailableFailOpen)
+        );
         s.fail_open = false;
         s.pressure_unavailable = true;
         assert_eq!(

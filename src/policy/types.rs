@@ -26,7 +26,12 @@ impl Tier {
 
     /// Accepts the seed's spelling (`Best-Effort`) and the common variants users type.
     pub fn parse(s: &str) -> Option<Tier> {
-        match s.trim().to_ascii_lowercase().replace(['_', ' '], "-").as_str() {
+        match s
+            .trim()
+            .to_ascii_lowercase()
+            .replace(['_', ' '], "-")
+            .as_str()
+        {
             "guaranteed" => Some(Tier::Guaranteed),
             "standard" => Some(Tier::Standard),
             "best-effort" | "besteffort" => Some(Tier::BestEffort),
@@ -159,9 +164,13 @@ pub struct RequestFacts {
 pub enum Action {
     Pass,
     /// Cap `max_tokens` / `max_completion_tokens`.
-    Degrade { max_tokens: u32 },
+    Degrade {
+        max_tokens: u32,
+    },
     /// Rewrite `model` to the configured fallback (and keep any cap the state calls for).
-    Fallback { max_tokens: Option<u32> },
+    Fallback {
+        max_tokens: Option<u32>,
+    },
     Reject,
 }
 

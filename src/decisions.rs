@@ -1,0 +1,110 @@
+//! The decision record: one per request, with its reason, the signals it was decided on and its
+//! outcome. Kept in an in-memory ring for `/decisions/recent` and written as one JSON log line.
+
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SignalsUsed {
+    pub pressure: Option<f64>,
+    pub queue_depth: Option<f64>,
+    pub sla_violation_rate: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DecisionRecord {
+    pub request_id: String,
+    /// Unix time in milliseconds.
+    pub received_at_ms: u64,
+    pub replica: String,
+    pub tenant: String,
+    pub tier: String,
+    pub method: String,
+    pub path: String,
+    /// pass, degrade, queue, fallback, reject, or error (Sluice could not proxy).
+    pub decision: &'static str,
+    pub reason: &'static str,
+    pub state: &'static str,
+    pub pool: Option<&'static str>,
+    pub route_reason: Option<&'static str>,
+    pub backend: Option<String>,
+    pub requested_model: Option<String>,
+    pub routed_model: Option<String>,
+    pub requested_max_tokens: Option<i64>,
+    pub applied_max_tokens: Option<i64>,
+    pub stream: bool,
+    pub queue_wait_ms: Option<f64>,
+    pub status: u16,
+    pub latency_ms: f64,
+    pub ttfb_ms: Option<f64>,
+    pub overhead_us: Option<f64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub sla_target_ms: Option<u64>,
+    pub sla_violated: Option<bool>,
+    pub signals: SignalsUsed,
+    /// client_gone, upstream_error, upstream_timeout, connect_error, or Sluice's own refusal.
+    pub error: Option<String>,
+}
+
+pub struct DecisionRing {
+    cap: usize,
+    items: Mutex<VecDeque<Arc<DecisionRecord>>>,
+}
+
+impl DecisionRing {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap: cap.max(1),
+            items: Mutex::new(VecDeque::with_capacity(cap.clamp(1, 4096))),
+        }
+    }
+
+    pub fn push(&self, r: Arc<DecisionRecord>) {
+        let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        if items.len() == self.cap {
+            items.pop_front();
+        }
+        items.push_back(r);
+    }
+
+    /// Newest first, filtered.
+    pub fn recent(
+        &self,
+        limit: usize,
+        keep: impl Fn(&DecisionRecord) -> bool,
+    ) -> Vec<Arc<DecisionRecord>> {
+        let items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        items
+            .iter()
+            .rev()
+            .filter(|r| keep(r))
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_keeps_the_newest() {
+        let ring = DecisionRing::new(3);
+        for i in 0..5 {
+            ring.push(Arc::new(DecisionRecord {
+                request_id: i.to_string(),
+                ..Default::default()
+            }));
+        }
+        let ids: Vec<_> = ring
+            .recent(10, |_| true)
+            .iter()
+            .map(|r| r.request_id.clone())
+            .collect();
+        assert_eq!(ids, ["4", "3", "2"]);
+        assert_eq!(ring.recent(1, |_| true).len(), 1);
+    }
+}

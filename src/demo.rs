@@ -1,0 +1,92 @@
+//! `sluice demo`: two simulator pools and the proxy on the embedded default config, with no
+//! Redis, PostgreSQL or Prometheus. The simulators take free ports so the demo never collides
+//! with a real deployment on 8001/8002.
+
+use crate::config::{env, Config};
+use crate::server::{self, ServerFlags};
+use crate::sim::SimArgs;
+use clap::Parser;
+
+pub const ON_DEMAND_MODELS: &str = "llama-3-70b";
+pub const SPOT_MODELS: &str = "llama-3-70b,llama-3-8b";
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Proxy listen address
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+}
+
+fn sim_args(models: &str) -> SimArgs {
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+    Wrap::parse_from(["sim", "--model", models]).sim
+}
+
+pub fn run(args: DemoArgs) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the simulator runtime: {e}"))?;
+    let bind = |models: &'static str| {
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let args = sim_args(models);
+            tokio::spawn(async move {
+                if let Err(e) = crate::sim::serve(args, listener).await {
+                    log::error!("simulator stopped: {e}");
+                }
+            });
+            Ok::<_, std::io::Error>(addr)
+        })
+    };
+    let on_demand =
+        bind(ON_DEMAND_MODELS).map_err(|e| format!("starting the on-demand simulator: {e}"))?;
+    let spot = bind(SPOT_MODELS).map_err(|e| format!("starting the spot simulator: {e}"))?;
+
+    let mut cfg = Config::embedded(&env::process_env).map_err(|e| e.to_string())?;
+    cfg.listen = vec![args.listen.clone()];
+    cfg.pools.on_demand.backends = vec![on_demand.to_string()];
+    cfg.pools.spot.backends = vec![spot.to_string()];
+    for f in &mut cfg.fallbacks {
+        f.url = format!("http://{spot}");
+    }
+    // The demo exits on Ctrl-C; no upgrade socket or pid file of a real deployment is touched.
+    cfg.server.insert("grace_period_seconds".into(), 1.into());
+    cfg.server.insert(
+        "upgrade_sock".into(),
+        format!("/tmp/sluice_demo_{}.sock", std::process::id()).into(),
+    );
+
+    let (server, _app) = server::build(cfg, ServerFlags::default())?;
+    print_walkthrough(&args.listen, &on_demand.to_string(), &spot.to_string());
+    std::mem::forget(rt); // the simulators live as long as the process
+    server.run_forever()
+}
+
+fn print_walkthrough(listen: &str, on_demand: &str, spot: &str) {
+    let url = format!("http://{listen}");
+    println!(
+        r#"
+Sluice demo
+  proxy      {url}
+  on-demand  http://{on_demand}  (vLLM simulator, models: {ON_DEMAND_MODELS})
+  spot       http://{spot}  (vLLM simulator, models: {SPOT_MODELS}; also the fallback backend)
+
+Try:
+  curl -s {url}/v1/chat/completions -H 'X-Tenant-ID: batch-analytics' -H 'content-type: application/json' \
+       -d '{{"model":"llama-3-70b","messages":[{{"role":"user","content":"hello"}}],"max_tokens":400}}' -i
+  curl -s -X PUT {url}/admin/pressure -d '{{"value":65}}'     # Best-Effort now gets 429 (after 2 samples)
+  curl -s -X PUT {url}/admin/pressure -d '{{"value":75}}'     # coding-assistant degraded to 256 tokens
+  curl -s -X PUT {url}/admin/pressure -d '{{"value":87}}'     # after 3 s: Standard falls back to llama-3-8b
+  curl -s -X DELETE {url}/admin/pressure                      # back to scraped values
+  curl -s {url}/status | head -c 2000
+  curl -s '{url}/decisions/recent?limit=5'
+"#
+    );
+}

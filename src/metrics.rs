@@ -1,0 +1,115 @@
+//! Exported metrics (one prometheus registry, served on `/metrics`). Request-path metrics are
+//! updated in the `logging` phase; gauges that mirror state (signals, tier states, in-flight,
+//! backend health) are refreshed when `/metrics` is rendered, so no background job keeps them.
+//! Label cardinality is bounded: tier, decision, reason, pool and backend are all finite sets.
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// From 5 ms to 120 s: LLM latencies span a cached short answer to a long generation.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+];
+/// Microsecond buckets for Sluice's own added time.
+const OVERHEAD_BUCKETS: &[f64] = &[
+    0.000_010, 0.000_025, 0.000_050, 0.000_100, 0.000_250, 0.000_500, 0.001, 0.0025, 0.005, 0.010,
+    0.025, 0.1,
+];
+const QUEUE_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    pub decisions: IntCounterVec,
+    pub request_duration: HistogramVec,
+    pub ttfb: HistogramVec,
+    pub overhead: HistogramVec,
+    pub queue_wait: HistogramVec,
+    pub upstream_errors: IntCounterVec,
+    pub signal_value: GaugeVec,
+    pub signal_age: GaugeVec,
+    pub tier_state: IntGaugeVec,
+    pub fallback_active: IntGauge,
+    pub inflight: IntGaugeVec,
+    pub queued: IntGaugeVec,
+    pub capacity: IntGaugeVec,
+    pub backend_healthy: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
+            let h = HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                labels,
+            )
+            .expect("static histogram definition");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("unique metric name");
+            h
+        };
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)
+                .expect("static counter definition");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric name");
+            c
+        };
+        let igauge = |name: &str, help: &str, labels: &[&str]| {
+            let g =
+                IntGaugeVec::new(Opts::new(name, help), labels).expect("static gauge definition");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric name");
+            g
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            let g = GaugeVec::new(Opts::new(name, help), labels).expect("static gauge definition");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric name");
+            g
+        };
+        Metrics {
+            decisions: counter("sluice_decisions_total", "Decisions by tier, decision and reason.", &["tier", "decision", "reason"]),
+            request_duration: hist("sluice_request_duration_seconds", "End-to-end request latency seen by Sluice, to the last byte.", LATENCY_BUCKETS, &["tier", "decision"]),
+            ttfb: hist("sluice_time_to_first_byte_seconds", "Time from request arrival to the first response body byte.", LATENCY_BUCKETS, &["tier", "decision"]),
+            overhead: hist("sluice_proxy_overhead_seconds", "Time Sluice adds before the request is sent upstream (queue wait excluded).", OVERHEAD_BUCKETS, &["tier"]),
+            queue_wait: hist("sluice_queue_wait_seconds", "Time spent in a tier's queue.", QUEUE_BUCKETS, &["tier", "outcome"]),
+            upstream_errors: counter("sluice_upstream_errors_total", "Upstream failures by pool and kind.", &["pool", "kind"]),
+            signal_value: gauge("sluice_signal_value", "Current signal value per pool (pressure %, queue depth, SLA-violation rate); absent when unavailable.", &["pool", "signal"]),
+            signal_age: gauge("sluice_signal_age_seconds", "Age of the signal value in use.", &["pool", "signal"]),
+            tier_state: igauge("sluice_tier_state", "Pressure state per tier: 0 Normal, 1 Elevated, 2 Critical.", &["tier"]),
+            fallback_active: {
+                let g = IntGauge::new("sluice_fallback_active", "1 while sustained pressure routes eligible tiers to the fallback model.")
+                    .expect("static gauge definition");
+                registry.register(Box::new(g.clone())).expect("unique metric name");
+                g
+            },
+            inflight: igauge("sluice_inflight_requests", "Admitted requests in flight per tier.", &["tier"]),
+            queued: igauge("sluice_queued_requests", "Requests waiting in a tier's queue.", &["tier"]),
+            capacity: igauge("sluice_tier_capacity", "Configured in-flight capacity per tier (0 = unlimited).", &["tier"]),
+            backend_healthy: igauge("sluice_backend_healthy", "1 when the backend is usable (passed a health check and is healthy).", &["pool", "backend"]),
+            registry,
+        }
+    }
+
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed families.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,149 @@
+//! `/status`, `/decisions/recent` and the state-mirroring gauges of `/metrics`.
+
+use super::query_param;
+use crate::policy::{SignalKind, Tier};
+use crate::proxy::App;
+use crate::signals::hub::SignalPool;
+use serde_json::{json, Value};
+
+const SIGNALS: [SignalKind; 3] = [
+    SignalKind::Pressure,
+    SignalKind::QueueDepth,
+    SignalKind::SlaViolationRate,
+];
+const POOLS: [(SignalPool, &str); 2] = [
+    (SignalPool::OnDemand, "on-demand"),
+    (SignalPool::Spot, "spot"),
+];
+
+pub fn status(app: &App) -> Value {
+    let now = app.hub.clock().now_ms();
+    let state = app.hub.state();
+    let rules = app.hub.rules();
+    let mut signals = serde_json::Map::new();
+    for (pool, name) in POOLS {
+        let mut m = serde_json::Map::new();
+        for kind in SIGNALS {
+            m.insert(
+                kind.as_str().into(),
+                json!(app.hub.reading(pool, kind, now)),
+            );
+        }
+        if let Some(round) = app.hub.last_scrape(pool) {
+            m.insert("scraped_backends".into(), json!(round.backends));
+        }
+        signals.insert(name.into(), Value::Object(m));
+    }
+    let tiers: Vec<Value> = Tier::ALL
+        .iter()
+        .map(|&t| {
+            let s = state.tier(t);
+            let a = app.admission.status(t);
+            let r = rules.tier(t);
+            json!({
+                "tier": t.as_str(),
+                "state": s.state.as_str(),
+                "driver": s.driver.as_str(),
+                "fail_open": s.fail_open,
+                "capacity": r.inflight_capacity,
+                "inflight": a.inflight,
+                "queued": a.queued,
+                "sla_target_ms": r.sla_target_ms,
+                "max_tokens_cap": r.max_tokens_cap,
+                "pool": r.preferred_pool.as_str(),
+            })
+        })
+        .collect();
+    let pools: Vec<Value> = app
+        .pools
+        .all()
+        .map(|h| json!(app.pools.status(h)))
+        .collect();
+    let fallback = app.pools.active_fallback();
+    json!({
+        "replica": app.replica,
+        "uptime_seconds": app.started.elapsed().as_secs(),
+        "coordinator": app.admission.kind(),
+        "policy_sampled_ms_ago": now.saturating_sub(state.at),
+        "signals": signals,
+        "tiers": tiers,
+        "spot_state": state.spot_state.as_str(),
+        "fallback": {
+            "active": state.fallback_active,
+            "target": fallback.map(|h| h.name.clone()),
+            "model": fallback.and_then(|h| h.model.clone()),
+        },
+        "pools": pools,
+    })
+}
+
+const MAX_RECENT: usize = 1000;
+
+pub fn recent(app: &App, query: &str) -> Value {
+    let limit = query_param(query, "limit")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(50)
+        .min(MAX_RECENT);
+    let tenant = query_param(query, "tenant");
+    let tier = query_param(query, "tier")
+        .and_then(Tier::parse)
+        .map(Tier::as_str);
+    let decision = query_param(query, "decision");
+    let items = app.decisions.recent(limit, |r| {
+        tenant.is_none_or(|t| r.tenant == t)
+            && tier.is_none_or(|t| r.tier == t)
+            && decision.is_none_or(|d| r.decision == d)
+    });
+    let items: Vec<&crate::decisions::DecisionRecord> = items.iter().map(|r| r.as_ref()).collect();
+    json!({"source": "memory", "decisions": items})
+}
+
+pub fn refresh_gauges(app: &App) {
+    let m = &app.metrics;
+    let now = app.hub.clock().now_ms();
+    let state = app.hub.state();
+    let rules = app.hub.rules();
+    for (pool, name) in POOLS {
+        for kind in SIGNALS {
+            let r = app.hub.reading(pool, kind, now);
+            match r.value {
+                Some(v) => {
+                    m.signal_value
+                        .with_label_values(&[name, kind.as_str()])
+                        .set(v);
+                    m.signal_age
+                        .with_label_values(&[name, kind.as_str()])
+                        .set(r.age_ms.unwrap_or(0) as f64 / 1000.0);
+                }
+                None => {
+                    // Absent, not zero: an unavailable signal must not read as "no pressure".
+                    let _ = m.signal_value.remove_label_values(&[name, kind.as_str()]);
+                    let _ = m.signal_age.remove_label_values(&[name, kind.as_str()]);
+                }
+            }
+        }
+    }
+    for t in Tier::ALL {
+        let a = app.admission.status(t);
+        m.tier_state
+            .with_label_values(&[t.as_str()])
+            .set(state.tier(t).state.level());
+        m.inflight
+            .with_label_values(&[t.as_str()])
+            .set(a.inflight as i64);
+        m.queued
+            .with_label_values(&[t.as_str()])
+            .set(a.queued as i64);
+        m.capacity
+            .with_label_values(&[t.as_str()])
+            .set(i64::from(rules.tier(t).inflight_capacity));
+    }
+    m.fallback_active.set(i64::from(state.fallback_active));
+    for h in app.pools.all() {
+        for b in app.pools.status(h).backends {
+            m.backend_healthy
+                .with_label_values(&[&h.name, &b.backend])
+                .set(i64::from(b.healthy));
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! Backend pools: one Pingora `LoadBalancer` per pool (on-demand, spot, and one per fallback
+//! target), each health-checked by its own background service.
+//!
+//! Health rule: a backend is usable only once a health check has *passed* since start and
+//! Pingora still counts it healthy. Pingora starts every backend healthy; we do not, so a dead
+//! backend is never picked in the window before its first check.
+
+use crate::config::{backend_of_url, Config, HealthCheckConfig, PoolConfig};
+use crate::policy::Pool;
+use async_trait::async_trait;
+use pingora::http::RequestHeader;
+use pingora::lb::health_check::{HealthCheck, HttpHealthCheck};
+use pingora::lb::{Backend, LoadBalancer};
+use pingora::prelude::RoundRobin;
+use pingora::services::background::{background_service, GenBackgroundService};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub type Balancer = LoadBalancer<RoundRobin>;
+
+#[derive(Debug, Clone, Default)]
+struct CheckRecord {
+    passed_once: bool,
+    last_ok: bool,
+    last_error: Option<String>,
+    last_check: Option<Instant>,
+}
+
+/// What the health checks have seen, keyed by backend address.
+#[derive(Debug, Default)]
+pub struct HealthRegistry {
+    records: Mutex<HashMap<String, CheckRecord>>,
+}
+
+impl HealthRegistry {
+    fn record(&self, addr: String, result: &pingora::Result<()>) {
+        let mut map = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let r = map.entry(addr).or_default();
+        r.last_ok = result.is_ok();
+        r.passed_once |= r.last_ok;
+        r.last_error = result.as_ref().err().map(|e| e.to_string());
+        r.last_check = Some(Instant::now());
+    }
+
+    fn get(&self, addr: &str) -> CheckRecord {
+        let map = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(addr).cloned().unwrap_or_default()
+    }
+
+    fn passed_once(&self, addr: &str) -> bool {
+        let map = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(addr).is_some_and(|r| r.passed_once)
+    }
+}
+
+/// Wraps Pingora's HTTP check to record every result for the health rule and `/status`.
+struct RecordingCheck {
+    inner: HttpHealthCheck,
+    registry: Arc<HealthRegistry>,
+}
+
+#[async_trait]
+impl HealthCheck for RecordingCheck {
+    async fn check(&self, target: &Backend) -> pingora::Result<()> {
+        let result = self.inner.check(target).await;
+        self.registry.record(target.addr.to_string(), &result);
+        result
+    }
+
+    async fn health_status_change(&self, target: &Backend, healthy: bool) {
+        log::warn!(
+            "{}",
+            serde_json::json!({"event": "backend_health", "backend": target.addr.to_string(), "healthy": healthy})
+        );
+    }
+
+    fn health_threshold(&self, success: bool) -> usize {
+        self.inner.health_threshold(success)
+    }
+}
+
+/// One pool: its balancer and the names needed to report it.
+pub struct PoolHandle {
+    pub name: String,
+    pub pool: Pool,
+    pub balancer: Arc<Balancer>,
+    /// The fallback model served here (fallback pools only).
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendStatus {
+    pub backend: String,
+    pub healthy: bool,
+    pub checked: bool,
+    pub last_error: Option<String>,
+    pub last_check_ms_ago: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolStatus {
+    pub name: String,
+    pub healthy_backends: usize,
+    pub backends: Vec<BackendStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+pub struct PoolSet {
+    pub on_demand: PoolHandle,
+    pub spot: PoolHandle,
+    /// In priority order: the first with a healthy backend serves fallback traffic.
+    pub fallbacks: Vec<PoolHandle>,
+    registry: Arc<HealthRegistry>,
+}
+
+impl PoolSet {
+    /// Builds the balancers and returns the background services that health-check them; the
+    /// caller registers those with the server.
+    pub fn build(
+        cfg: &Config,
+    ) -> std::io::Result<(Arc<PoolSet>, Vec<GenBackgroundService<Balancer>>)> {
+        let registry = Arc::new(HealthRegistry::default());
+        let mut services = Vec::new();
+        let mut make = |name: String, pool: Pool, pc: &PoolConfig, model: Option<String>| {
+            let lb = balancer(&pc.backends, &pc.health_check, &registry)?;
+            let svc = background_service(&format!("health check {name}"), lb);
+            let handle = PoolHandle {
+                name,
+                pool,
+                balancer: svc.task(),
+                model,
+            };
+            services.push(svc);
+            Ok::<_, std::io::Error>(handle)
+        };
+        let on_demand = make(
+            "on-demand".into(),
+            Pool::OnDemand,
+            &cfg.pools.on_demand,
+            None,
+        )?;
+        let spot = make("spot".into(), Pool::Spot, &cfg.pools.spot, None)?;
+        let mut fallbacks = Vec::new();
+        for f in &cfg.fallbacks {
+            let addr = backend_of_url(&f.url).map_err(std::io::Error::other)?;
+            let pc = PoolConfig {
+                backends: vec![addr],
+                health_check: cfg.pools.on_demand.health_check.clone(),
+            };
+            fallbacks.push(make(
+                format!("fallback:{}", f.name),
+                Pool::Fallback,
+                &pc,
+                Some(f.model.clone()),
+            )?);
+        }
+        let set = PoolSet {
+            on_demand,
+            spot,
+            fallbacks,
+            registry,
+        };
+        Ok((Arc::new(set), services))
+    }
+
+    pub fn usable(&self, h: &PoolHandle, b: &Backend) -> bool {
+        h.balancer.backends().ready(b) && self.registry.passed_once(&b.addr.to_string())
+    }
+
+    /// A usable backend of `h`, avoiding `exclude` (the one that just failed) when possible.
+    pub fn select(&self, h: &PoolHandle, exclude: Option<&str>) -> Option<Backend> {
+        let pick = |skip: Option<&str>| {
+            h.balancer.select_with(b"", 256, |b, healthy| {
+                healthy
+                    && self.registry.passed_once(&b.addr.to_string())
+                    && skip.is_none_or(|s| s != b.addr.to_string())
+            })
+        };
+        pick(exclude).or_else(|| exclude.and_then(|_| pick(None)))
+    }
+
+    pub fn healthy_count(&self, h: &PoolHandle) -> usize {
+        h.balancer
+            .backends()
+            .get_backend()
+            .iter()
+            .filter(|b| self.usable(h, b))
+            .count()
+    }
+
+    /// The first fallback pool with a usable backend.
+    pub fn active_fallback(&self) -> Option<&PoolHandle> {
+        self.fallbacks.iter().find(|h| self.healthy_count(h) > 0)
+    }
+
+    pub fn handle(&self, pool: Pool) -> Option<&PoolHandle> {
+        match pool {
+            Pool::OnDemand => Some(&self.on_demand),
+            Pool::Spot => Some(&self.spot),
+            Pool::Fallback => self.active_fallback(),
+        }
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &PoolHandle> {
+        [&self.on_demand, &self.spot]
+            .into_iter()
+            .chain(self.fallbacks.iter())
+    }
+
+    pub fn status(&self, h: &PoolHandle) -> PoolStatus {
+        let backends: Vec<BackendStatus> = h
+            .balancer
+            .backends()
+            .get_backend()
+            .iter()
+            .map(|b| {
+                let addr = b.addr.to_string();
+                let r = self.registry.get(&addr);
+                BackendStatus {
+                    healthy: self.usable(h, b),
+                    checked: r.last_check.is_some(),
+                    last_error: r.last_error,
+                    last_check_ms_ago: r.last_check.map(|t| t.elapsed().as_millis() as u64),
+                    backend: addr,
+                }
+            })
+            .collect();
+        PoolStatus {
+            name: h.name.clone(),
+            healthy_backends: backends.iter().filter(|b| b.healthy).count(),
+            backends,
+            model: h.model.clone(),
+        }
+    }
+}
+
+fn balancer(
+    addrs: &[String],
+    hc_cfg: &HealthCheckConfig,
+    registry: &Arc<HealthRegistry>,
+) -> std::io::Result<Balancer> {
+    let mut lb = Balancer::try_from_iter(addrs.iter().map(String::as_str))?;
+    let mut hc = HttpHealthCheck::new("localhost", false);
+    let mut req =
+        RequestHeader::build("GET", hc_cfg.path.as_bytes(), None).map_err(std::io::Error::other)?;
+    req.insert_header("Host", "localhost")
+        .map_err(std::io::Error::other)?;
+    hc.req = req;
+    hc.consecutive_success = hc_cfg.consecutive_success;
+    hc.consecutive_failure = hc_cfg.consecutive_failure;
+    let timeout = Some(Duration::from_millis(hc_cfg.timeout_ms));
+    hc.peer_template.options.connection_timeout = timeout;
+    hc.peer_template.options.read_timeout = timeout;
+    lb.set_health_check(Box::new(RecordingCheck {
+        inner: hc,
+        registry: Arc::clone(registry),
+    }));
+    lb.health_check_frequency = Some(Duration::from_millis(hc_cfg.interval_ms));
+    lb.parallel_health_check = true;
+    Ok(lb)
+}

@@ -1,0 +1,58 @@
+//! Per-request state carried through the Pingora phases. Dropping it (after `logging`) releases
+//! the admission slot, so capacity is held until the last response byte or the client's exit.
+
+use crate::admission::Slot;
+use crate::policy::{Decision, Pool, Reason};
+use crate::shaping::BodyFacts;
+use crate::tenancy::Identity;
+use bytes::{Bytes, BytesMut};
+use std::time::{Duration, Instant};
+
+/// How the request body reaches the upstream.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub enum BodyMode {
+    /// Forwarded as received (non-shapeable, or no rewrite needed).
+    #[default]
+    Passthrough,
+    /// Read whole in `request_filter` (≤ 64 KiB); `new_body` replaces it when rewritten.
+    Preread,
+    /// Too large to pre-read but needs a rewrite: buffered in `request_body_filter`, rewritten
+    /// at end of stream and sent chunked.
+    Buffered,
+}
+
+#[derive(Default)]
+pub struct Ctx {
+    pub started: Option<Instant>,
+    pub received_at_ms: u64,
+    pub request_id: String,
+    /// Answered by Sluice itself (ops endpoint): no decision is recorded.
+    pub ops: bool,
+    pub identity: Option<Identity>,
+    pub decision: Option<Decision>,
+    /// The final decision label and reason (queue and refusals override the policy's).
+    pub label: &'static str,
+    pub reason: Option<Reason>,
+    pub slot: Option<Slot>,
+    pub queued_for: Option<Duration>,
+    pub body_mode: BodyMode,
+    pub new_body: Option<Bytes>,
+    pub buffer: BytesMut,
+    pub body_seen: usize,
+    pub cap: Option<u32>,
+    pub fallback_model: Option<String>,
+    pub fallback_index: Option<usize>,
+    pub facts: Option<BodyFacts>,
+    pub applied_max_tokens: Option<i64>,
+    pub pool: Option<Pool>,
+    pub route_reason: Option<Reason>,
+    pub backend: Option<String>,
+    pub failed_backend: Option<String>,
+    pub connect_retries: u8,
+    pub overhead: Option<Duration>,
+    pub first_byte: Option<Instant>,
+    pub response_tail: BytesMut,
+    pub response_is_sse: bool,
+    pub error: Option<String>,
+    pub status: u16,
+}

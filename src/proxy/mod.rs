@@ -1,0 +1,129 @@
+//! The Pingora glue. [`Sluice`] implements `ProxyHttp`; each phase delegates to one module:
+//! - `request_filter` ([`admit`]): ops endpoints, tenant, body pre-read, policy, admission;
+//! - `upstream_peer` / `fail_to_connect` ([`upstream`]): the pool's healthy backend, one retry;
+//! - `request_body_filter` ([`body`]): swaps in the rewritten JSON body;
+//! - response filters and `logging` ([`outcome`]): headers, usage, the decision record, metrics.
+
+pub mod admit;
+pub mod body;
+pub mod ctx;
+pub mod outcome;
+pub mod respond;
+pub mod upstream;
+
+use crate::admission::AdmissionControl;
+use crate::config::Config;
+use crate::decisions::DecisionRing;
+use crate::metrics::Metrics;
+use crate::pools::PoolSet;
+use crate::signals::SignalHub;
+use crate::tenancy::TenantDirectory;
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use bytes::Bytes;
+use ctx::Ctx;
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+use pingora::proxy::FailToProxy;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Everything the request path reads. Hot-swappable parts sit behind `ArcSwap` so a request
+/// keeps the rules it started with.
+pub struct App {
+    pub config: ArcSwap<Config>,
+    pub tenants: ArcSwap<TenantDirectory>,
+    pub hub: Arc<SignalHub>,
+    pub pools: Arc<PoolSet>,
+    pub admission: Arc<dyn AdmissionControl>,
+    pub metrics: Metrics,
+    pub decisions: DecisionRing,
+    pub replica: String,
+    pub started: Instant,
+}
+
+pub struct Sluice {
+    pub app: Arc<App>,
+}
+
+#[async_trait]
+impl ProxyHttp for Sluice {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx {
+            started: Some(Instant::now()),
+            ..Default::default()
+        }
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        admit::request_filter(&self.app, session, ctx).await
+    }
+
+    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        upstream::upstream_peer(&self.app, session, ctx)
+    }
+
+    fn fail_to_connect(
+        &self,
+        _s: &mut Session,
+        peer: &HttpPeer,
+        ctx: &mut Ctx,
+        e: Box<Error>,
+    ) -> Box<Error> {
+        upstream::fail_to_connect(&self.app, peer, ctx, e)
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _s: &mut Session,
+        req: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        body::upstream_request_filter(req, ctx)
+    }
+
+    async fn request_body_filter(
+        &self,
+        _s: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        body::request_body_filter(&self.app, body, end_of_stream, ctx)
+    }
+
+    async fn response_filter(
+        &self,
+        _s: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        outcome::response_filter(resp, ctx)
+    }
+
+    fn response_body_filter(
+        &self,
+        _s: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<Option<std::time::Duration>> {
+        outcome::response_body_filter(body, end_of_stream, ctx);
+        Ok(None)
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        outcome::fail_to_proxy(&self.app, session, e, ctx).await
+    }
+
+    fn suppress_error_log(&self, _s: &Session, ctx: &Ctx, _e: &Error) -> bool {
+        // Client cancels and our own refusals are recorded in the decision log already.
+        ctx.error.as_deref() == Some("client_gone")
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        outcome::logging(&self.app, session, e, ctx);
+    }
+}

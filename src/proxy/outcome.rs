@@ -1,0 +1,294 @@
+//! The outcome side: decision headers on forwarded responses, token usage from the response
+//! body (plain JSON or the final SSE usage chunk), errors Sluice answers itself, and the
+//! decision record with its metrics in `logging`, which runs exactly once per request.
+
+use super::ctx::Ctx;
+use super::respond::{decision_headers, error_body, send_json};
+use super::App;
+use crate::decisions::{DecisionRecord, SignalsUsed};
+use crate::policy::Reason;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+use pingora::proxy::FailToProxy;
+use pingora::{ErrorSource, ErrorType};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Bytes of response kept to find `usage`: a whole non-streamed completion body, or the tail of
+/// a stream (the usage chunk comes right before `[DONE]`).
+const USAGE_KEEP: usize = 64 * 1024;
+const SSE_TAIL: usize = 8 * 1024;
+
+pub fn response_filter(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
+    ctx.status = resp.status.as_u16();
+    ctx.response_is_sse = resp
+        .headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    decision_headers(resp, ctx)
+}
+
+pub fn response_body_filter(body: &mut Option<Bytes>, _eos: bool, ctx: &mut Ctx) {
+    let Some(chunk) = body.as_ref().filter(|b| !b.is_empty()) else {
+        return;
+    };
+    if ctx.first_byte.is_none() {
+        ctx.first_byte = Some(Instant::now());
+    }
+    if ctx.ops || ctx.identity.is_none() {
+        return;
+    }
+    if ctx.response_is_sse {
+        ctx.response_tail.extend_from_slice(chunk);
+        if ctx.response_tail.len() > 2 * SSE_TAIL {
+            let cut = ctx.response_tail.len() - SSE_TAIL;
+            let _ = ctx.response_tail.split_to(cut);
+        }
+    } else if ctx.response_tail.len() + chunk.len() <= USAGE_KEEP {
+        ctx.response_tail.extend_from_slice(chunk);
+    }
+}
+
+/// (prompt_tokens, completion_tokens) from a completion body or an SSE stream's usage chunk.
+pub fn usage_of(body: &[u8], sse: bool) -> (Option<u64>, Option<u64>) {
+    let parse = |json: &[u8]| -> Option<(Option<u64>, Option<u64>)> {
+        let v: serde_json::Value = serde_json::from_slice(json).ok()?;
+        let u = v.get("usage").filter(|u| u.is_object())?;
+        Some((
+            u.get("prompt_tokens").and_then(|t| t.as_u64()),
+            u.get("completion_tokens").and_then(|t| t.as_u64()),
+        ))
+    };
+    if !sse {
+        return parse(body).unwrap_or_default();
+    }
+    let text = String::from_utf8_lossy(body);
+    text.rsplit("\n\n")
+        .filter_map(|event| event.trim().strip_prefix("data:"))
+        .map(str::trim)
+        .filter(|data| data.starts_with('{') && data.contains("\"usage\""))
+        .find_map(|data| parse(data.as_bytes()))
+        .unwrap_or_default()
+}
+
+fn error_kind(e: &Error) -> &'static str {
+    match (e.esource(), e.etype()) {
+        (_, ErrorType::HTTPStatus(_)) => "refused",
+        (ErrorSource::Downstream, _) => "client_gone",
+        (
+            _,
+            ErrorType::ConnectTimedout
+            | ErrorType::ConnectRefused
+            | ErrorType::ConnectNoRoute
+            | ErrorType::ConnectError,
+        ) => "connect_error",
+        (_, ErrorType::ReadTimedout | ErrorType::WriteTimedout) => "upstream_timeout",
+        (ErrorSource::Upstream, _) => "upstream_error",
+        _ => "internal_error",
+    }
+}
+
+pub async fn fail_to_proxy(
+    app: &App,
+    session: &mut Session,
+    e: &Error,
+    ctx: &mut Ctx,
+) -> FailToProxy {
+    let kind = error_kind(e);
+    ctx.error = Some(kind.to_string());
+    let code = match e.etype() {
+        ErrorType::HTTPStatus(c) => *c,
+        _ => match kind {
+            "client_gone" => 0,
+            "upstream_timeout" => 504,
+            "internal_error" => 500,
+            _ => 502,
+        },
+    };
+    if matches!(kind, "upstream_error" | "upstream_timeout") {
+        let pool = ctx.pool.map_or("unknown", |p| p.as_str());
+        app.metrics
+            .upstream_errors
+            .with_label_values(&[pool, kind])
+            .inc();
+    }
+    // Once the response has started (a stream cut mid-way), an error body would corrupt it.
+    if code == 0 || session.response_written().is_some() {
+        if let Some(resp) = session.response_written() {
+            ctx.status = resp.status.as_u16();
+        }
+        return FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        };
+    }
+    let (reason, body) = match code {
+        503 => (
+            Reason::BackendUnavailable,
+            error_body(
+                "sluice_backend",
+                "backend_unavailable",
+                Reason::BackendUnavailable,
+                &e.to_string(),
+            ),
+        ),
+        413 => (
+            Reason::BodyTooLarge,
+            error_body(
+                "sluice_request",
+                "body_too_large",
+                Reason::BodyTooLarge,
+                &e.to_string(),
+            ),
+        ),
+        400 => (
+            Reason::InvalidJson,
+            error_body(
+                "sluice_request",
+                "invalid_json",
+                Reason::InvalidJson,
+                &e.to_string(),
+            ),
+        ),
+        _ => (
+            Reason::UpstreamError,
+            error_body(
+                "sluice_backend",
+                "upstream_error",
+                Reason::UpstreamError,
+                &e.to_string(),
+            ),
+        ),
+    };
+    ctx.reason = Some(reason);
+    ctx.label = "error";
+    if send_json(session, ctx, code, &body, &[]).await.is_err() {
+        ctx.error = Some("client_gone".into());
+    }
+    FailToProxy {
+        error_code: code,
+        can_reuse_downstream: false,
+    }
+}
+
+pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+    if ctx.ops {
+        return;
+    }
+    if let Some(resp) = session.response_written() {
+        ctx.status = resp.status.as_u16();
+    }
+    if let Some(e) = e {
+        if ctx.error.is_none() {
+            ctx.error = Some(error_kind(e).to_string());
+        }
+    }
+    let started = ctx.started.unwrap_or_else(Instant::now);
+    let latency = started.elapsed();
+    let ttfb = ctx.first_byte.map(|t| t.duration_since(started));
+    let (prompt_tokens, completion_tokens) = usage_of(&ctx.response_tail, ctx.response_is_sse);
+    let tier = ctx.identity.as_ref().map(|i| i.tier);
+    let tier_name = tier.map_or("unknown", |t| t.as_str());
+    let rules = app.hub.rules();
+    let sla_target = tier.map(|t| rules.tier(t).sla_target_ms);
+    let proxied = ctx.backend.is_some();
+    let sla_violated = sla_target
+        .filter(|_| proxied && ctx.error.is_none())
+        .map(|t| latency.as_millis() as u64 > t);
+    let label = if ctx.label.is_empty() {
+        "pass"
+    } else {
+        ctx.label
+    };
+    let reason = ctx.reason.map_or("", Reason::as_str);
+    let signals = ctx
+        .decision
+        .as_ref()
+        .map(|_| app.hub.state().signals)
+        .unwrap_or_default();
+    let req = session.req_header();
+    let record = DecisionRecord {
+        request_id: std::mem::take(&mut ctx.request_id),
+        received_at_ms: ctx.received_at_ms,
+        replica: app.replica.clone(),
+        tenant: ctx
+            .identity
+            .as_ref()
+            .map(|i| i.tenant.clone())
+            .unwrap_or_default(),
+        tier: tier_name.to_string(),
+        method: req.method.as_str().to_string(),
+        path: req.uri.path().to_string(),
+        decision: label,
+        reason,
+        state: ctx.decision.as_ref().map_or("", |d| d.state.as_str()),
+        pool: ctx.pool.filter(|_| proxied).map(|p| p.as_str()),
+        route_reason: ctx.route_reason.filter(|_| proxied).map(Reason::as_str),
+        backend: ctx.backend.clone(),
+        requested_model: ctx.facts.as_ref().and_then(|f| f.model.clone()),
+        routed_model: ctx
+            .fallback_model
+            .clone()
+            .or_else(|| ctx.facts.as_ref().and_then(|f| f.model.clone())),
+        requested_max_tokens: ctx.facts.as_ref().and_then(|f| f.max_tokens),
+        applied_max_tokens: ctx.applied_max_tokens,
+        stream: ctx.facts.as_ref().is_some_and(|f| f.stream),
+        queue_wait_ms: ctx.queued_for.map(|q| q.as_secs_f64() * 1000.0),
+        status: ctx.status,
+        latency_ms: latency.as_secs_f64() * 1000.0,
+        ttfb_ms: ttfb.map(|t| t.as_secs_f64() * 1000.0),
+        overhead_us: ctx.overhead.map(|o| o.as_secs_f64() * 1e6),
+        prompt_tokens,
+        completion_tokens,
+        sla_target_ms: sla_target,
+        sla_violated,
+        signals: SignalsUsed {
+            pressure: signals.pressure,
+            queue_depth: signals.queue_depth,
+            sla_violation_rate: signals.sla_violation_rate,
+        },
+        error: ctx.error.clone(),
+    };
+    let m = &app.metrics;
+    m.decisions
+        .with_label_values(&[tier_name, label, reason])
+        .inc();
+    if proxied {
+        m.request_duration
+            .with_label_values(&[tier_name, label])
+            .observe(latency.as_secs_f64());
+        if let Some(t) = ttfb {
+            m.ttfb
+                .with_label_values(&[tier_name, label])
+                .observe(t.as_secs_f64());
+        }
+        if let Some(o) = ctx.overhead {
+            m.overhead
+                .with_label_values(&[tier_name])
+                .observe(o.as_secs_f64());
+        }
+    }
+    log::info!(target: "sluice::request", "{}", serde_json::to_string(&record).unwrap_or_default());
+    app.decisions.push(Arc::new(record));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::usage_of;
+
+    #[test]
+    fn usage_from_json_and_sse() {
+        let body =
+            br#"{"id":"x","usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
+        assert_eq!(usage_of(body, false), (Some(5), Some(7)));
+        let sse = b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":9}}\n\ndata: [DONE]\n\n";
+        assert_eq!(usage_of(sse, true), (Some(3), Some(9)));
+        assert_eq!(
+            usage_of(b"data: {\"usage\":null}\n\ndata: [DONE]\n\n", true),
+            (None, None)
+        );
+        assert_eq!(usage_of(b"not json", false), (None, None));
+    }
+}

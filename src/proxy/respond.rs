@@ -1,0 +1,94 @@
+//! Responses Sluice writes itself: the JSON error bodies of the API contract, with the
+//! `x-sluice-*` headers, written so the client connection stays keep-alive.
+
+use super::ctx::Ctx;
+use crate::policy::{PoolSignals, Reason, Tier};
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+use serde_json::json;
+
+/// The rejection body (the seed's shape).
+pub fn capacity_body(reason: Reason, tier: Tier, s: &PoolSignals) -> serde_json::Value {
+    json!({"error": {
+        "type": "sluice_capacity",
+        "code": "capacity_rejected",
+        "message": format!("{} request rejected by Sluice: {}", tier, reason.describe()),
+        "reason": reason.as_str(),
+        "tier": tier.as_str(),
+        "pressure": s.pressure,
+        "queue_depth": s.queue_depth,
+        "sla_violation_rate": s.sla_violation_rate,
+    }})
+}
+
+pub fn error_body(kind: &str, code: &str, reason: Reason, message: &str) -> serde_json::Value {
+    json!({"error": {"type": kind, "code": code, "reason": reason.as_str(), "message": message}})
+}
+
+/// Sets the decision headers on any response Sluice forwards or makes.
+pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
+    if !ctx.request_id.is_empty() {
+        resp.insert_header("x-request-id", &ctx.request_id)?;
+    }
+    if ctx.ops {
+        return Ok(());
+    }
+    if !ctx.label.is_empty() {
+        resp.insert_header("x-sluice-decision", ctx.label)?;
+    }
+    if let Some(r) = ctx.reason {
+        resp.insert_header("x-sluice-reason", r.as_str())?;
+    }
+    if let Some(id) = &ctx.identity {
+        resp.insert_header("x-sluice-tier", id.tier.as_str())?;
+    }
+    if let (Some(pool), Some(_)) = (ctx.pool, &ctx.backend) {
+        resp.insert_header("x-sluice-pool", pool.as_str())?;
+    }
+    if let Some(q) = ctx.queued_for {
+        resp.insert_header(
+            "x-sluice-queue-wait-ms",
+            format!("{:.1}", q.as_secs_f64() * 1000.0),
+        )?;
+    }
+    Ok(())
+}
+
+/// Writes a complete response. When the request body was not read, the connection is closed
+/// afterwards rather than draining an arbitrarily large upload.
+pub async fn send(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    status: u16,
+    content_type: &str,
+    body: Bytes,
+    extra: &[(&str, String)],
+) -> Result<()> {
+    let mut resp = ResponseHeader::build(status, Some(6))?;
+    resp.insert_header("content-type", content_type)?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    resp.insert_header("cache-control", "no-store")?;
+    for (k, v) in extra {
+        resp.insert_header(k.to_string(), v.as_str())?;
+    }
+    decision_headers(&mut resp, ctx)?;
+    if !session.is_body_done() {
+        session.set_keepalive(None);
+    }
+    ctx.status = status;
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await?;
+    Ok(())
+}
+
+pub async fn send_json(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    status: u16,
+    value: &serde_json::Value,
+    extra: &[(&str, String)],
+) -> Result<()> {
+    let body = Bytes::from(serde_json::to_vec(value).unwrap_or_default());
+    send(session, ctx, status, "application/json", body, extra).await
+}

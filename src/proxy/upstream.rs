@@ -1,0 +1,64 @@
+//! Choosing the backend: the decision's pool, a backend that has passed a health check, and
+//! one retry on another backend of the same pool when the connection could not be made (the
+//! request was never sent, so the retry cannot duplicate a generation).
+
+use super::ctx::Ctx;
+use super::App;
+use crate::policy::{Pool, Reason};
+use pingora::prelude::*;
+use pingora::upstreams::peer::Peer;
+use std::time::Duration;
+
+pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+    if ctx.overhead.is_none() {
+        let spent = ctx.started.map(|s| s.elapsed()).unwrap_or_default();
+        ctx.overhead = Some(spent.saturating_sub(ctx.queued_for.unwrap_or_default()));
+    }
+    let pools = &app.pools;
+    let mut pool = ctx.pool.unwrap_or(Pool::OnDemand);
+    let handle = match pool {
+        Pool::Fallback => ctx.fallback_index.and_then(|i| pools.fallbacks.get(i)),
+        p => pools.handle(p),
+    };
+    let mut backend = handle.and_then(|h| pools.select(h, ctx.failed_backend.as_deref()));
+    // Spot emptied between the decision and now: Best-Effort is evicted, not failed.
+    if backend.is_none() && pool == Pool::Spot {
+        pool = Pool::OnDemand;
+        ctx.route_reason = Some(Reason::RouteSpotUnhealthy);
+        backend = pools.select(&pools.on_demand, ctx.failed_backend.as_deref());
+    }
+    let Some(backend) = backend else {
+        ctx.reason = Some(Reason::BackendUnavailable);
+        ctx.label = "error";
+        return Error::e_explain(
+            HTTPStatus(503),
+            format!("no healthy backend in pool {}", pool.as_str()),
+        );
+    };
+    ctx.pool = Some(pool);
+    ctx.backend = Some(backend.addr.to_string());
+    let limits = &app.config.load().limits;
+    let mut peer = HttpPeer::new(backend, false, String::new());
+    peer.options.connection_timeout =
+        Some(Duration::from_millis(limits.upstream_connect_timeout_ms));
+    peer.options.total_connection_timeout = Some(Duration::from_millis(
+        limits.upstream_connect_timeout_ms * 2,
+    ));
+    peer.options.read_timeout = Some(Duration::from_millis(limits.upstream_read_timeout_ms));
+    peer.options.idle_timeout = Some(Duration::from_millis(limits.upstream_idle_timeout_ms));
+    Ok(Box::new(peer))
+}
+
+pub fn fail_to_connect(app: &App, peer: &HttpPeer, ctx: &mut Ctx, mut e: Box<Error>) -> Box<Error> {
+    let pool = ctx.pool.map_or("unknown", Pool::as_str);
+    app.metrics
+        .upstream_errors
+        .with_label_values(&[pool, "connect"])
+        .inc();
+    if ctx.connect_retries == 0 {
+        ctx.connect_retries = 1;
+        ctx.failed_backend = Some(peer.address().to_string());
+        e.set_retry(true);
+    }
+    e
+}

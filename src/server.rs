@@ -1,0 +1,107 @@
+//! Assembles the Pingora server: the proxy service on the configured listeners, one
+//! health-check service per pool, and the signal sampler. `serve` and `demo` both go through
+//! [`build`], so the demo runs exactly what production runs.
+
+use crate::admission::LocalAdmission;
+use crate::config::Config;
+use crate::decisions::DecisionRing;
+use crate::metrics::Metrics;
+use crate::pools::PoolSet;
+use crate::proxy::{App, Sluice};
+use crate::signals::scraper::SignalSampler;
+use crate::signals::{Clock, SignalHub};
+use crate::tenancy::TenantDirectory;
+use arc_swap::ArcSwap;
+use pingora::server::configuration::Opt;
+use pingora::server::Server;
+use pingora::services::background::background_service;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Pingora's process-level flags, passed through from `sluice serve`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServerFlags {
+    pub upgrade: bool,
+    pub daemon: bool,
+    pub test: bool,
+}
+
+/// A name for this replica in records: the pod name under Kubernetes, else host and pid.
+pub fn replica_id() -> String {
+    std::env::var("SLUICE_REPLICA_ID")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "sluice".into())
+        + &format!("-{}", std::process::id())
+}
+
+pub fn build(cfg: Config, flags: ServerFlags) -> Result<(Server, Arc<App>), String> {
+    let conf = cfg.server_conf().map_err(|e| e.to_string())?;
+    let opt = Opt {
+        upgrade: flags.upgrade,
+        daemon: flags.daemon,
+        test: flags.test,
+        ..Default::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
+    // Receives the listening fds from the old process with -u, and exits for -t.
+    server.bootstrap();
+
+    let hub = Arc::new(SignalHub::new(
+        Clock::new(),
+        cfg.signals.stale_after_ms,
+        cfg.policy_rules(),
+    ));
+    let (pools, health_services) =
+        PoolSet::build(&cfg).map_err(|e| format!("building pools: {e}"))?;
+    let app = Arc::new(App {
+        tenants: ArcSwap::from_pointee(TenantDirectory::from_config(&cfg)),
+        hub: Arc::clone(&hub),
+        pools,
+        admission: Arc::new(LocalAdmission::new()),
+        metrics: Metrics::new(),
+        decisions: DecisionRing::new(cfg.decisions.ring_size),
+        replica: replica_id(),
+        started: Instant::now(),
+        config: ArcSwap::from_pointee(cfg.clone()),
+    });
+
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Sluice {
+            app: Arc::clone(&app),
+        },
+        "sluice proxy",
+    );
+    for addr in &cfg.listen {
+        proxy.add_tcp(addr);
+    }
+    server.add_service(proxy);
+    for svc in health_services {
+        server.add_service(svc);
+    }
+    server.add_service(background_service(
+        "signal sampler",
+        SignalSampler::new(&cfg, hub),
+    ));
+    Ok((server, app))
+}
+
+/// One JSON object per line: request records verbatim, everything else wrapped.
+pub fn init_logging() {
+    use std::io::Write;
+    let env = env_logger::Env::default().default_filter_or("info");
+    let _ = env_logger::Builder::from_env(env)
+        .format(|buf, record| {
+            if record.target() == "sluice::request" {
+                writeln!(buf, "{}", record.args())
+            } else {
+                let line = serde_json::json!({
+                    "level": record.level().as_str(),
+                    "target": record.target(),
+                    "message": record.args().to_string(),
+                });
+                writeln!(buf, "{line}")
+            }
+        })
+        .try_init();
+}
