@@ -1,9 +1,45 @@
 //! The decision record: one per request, with its reason, the signals it was decided on and its
 //! outcome. Kept in an in-memory ring for `/decisions/recent` and written as one JSON log line.
 
+use async_trait::async_trait;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+
+/// Where finished decision records go besides the in-memory ring (the PostgreSQL ledger).
+/// `record` is called from Pingora's `logging` phase: it must never block or fail loudly — push
+/// to a bounded buffer and return.
+pub trait DecisionSink: Send + Sync {
+    fn record(&self, record: Arc<DecisionRecord>);
+    /// Health for `/status` (buffered, spooled, last flush, dropped …).
+    fn status(&self) -> serde_json::Value;
+}
+
+/// Filters of `/decisions/recent`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecentFilter {
+    pub tenant: Option<String>,
+    pub tier: Option<String>,
+    pub decision: Option<String>,
+    /// Unix milliseconds; only records received at or after.
+    pub since_ms: Option<u64>,
+    pub limit: usize,
+}
+
+impl RecentFilter {
+    pub fn matches(&self, r: &DecisionRecord) -> bool {
+        self.tenant.as_deref().is_none_or(|t| r.tenant == t)
+            && self.tier.as_deref().is_none_or(|t| r.tier == t)
+            && self.decision.as_deref().is_none_or(|d| r.decision == d)
+            && self.since_ms.is_none_or(|s| r.received_at_ms >= s)
+    }
+}
+
+/// A durable store that can answer `/decisions/recent` (newest first).
+#[async_trait]
+pub trait DecisionQuery: Send + Sync {
+    async fn recent(&self, filter: &RecentFilter) -> Result<Vec<serde_json::Value>, String>;
+}
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SignalsUsed {
@@ -44,6 +80,8 @@ pub struct DecisionRecord {
     pub sla_target_ms: Option<u64>,
     pub sla_violated: Option<bool>,
     pub signals: SignalsUsed,
+    /// queue_released, queue_timed_out or queue_dropped when the request met the queue.
+    pub queue_outcome: Option<&'static str>,
     /// client_gone, upstream_error, upstream_timeout, connect_error, or Sluice's own refusal.
     pub error: Option<String>,
 }
@@ -70,19 +108,9 @@ impl DecisionRing {
     }
 
     /// Newest first, filtered.
-    pub fn recent(
-        &self,
-        limit: usize,
-        keep: impl Fn(&DecisionRecord) -> bool,
-    ) -> Vec<Arc<DecisionRecord>> {
+    pub fn recent(&self, filter: &RecentFilter) -> Vec<Arc<DecisionRecord>> {
         let items = self.items.lock().unwrap_or_else(|e| e.into_inner());
-        items
-            .iter()
-            .rev()
-            .filter(|r| keep(r))
-            .take(limit)
-            .cloned()
-            .collect()
+        items.iter().rev().filter(|r| filter.matches(r)).take(filter.limit).cloned().collect()
     }
 }
 
@@ -99,12 +127,9 @@ mod tests {
                 ..Default::default()
             }));
         }
-        let ids: Vec<_> = ring
-            .recent(10, |_| true)
-            .iter()
-            .map(|r| r.request_id.clone())
-            .collect();
+        let all = |limit| RecentFilter { limit, ..Default::default() };
+        let ids: Vec<_> = ring.recent(&all(10)).iter().map(|r| r.request_id.clone()).collect();
         assert_eq!(ids, ["4", "3", "2"]);
-        assert_eq!(ring.recent(1, |_| true).len(), 1);
+        assert_eq!(ring.recent(&all(1)).len(), 1);
     }
 }

@@ -60,6 +60,8 @@ pub fn build(cfg: Config, flags: ServerFlags) -> Result<(Server, Arc<App>), Stri
         admission: Arc::new(LocalAdmission::new()),
         metrics: Metrics::new(),
         decisions: DecisionRing::new(cfg.decisions.ring_size),
+        sinks: Vec::new(),
+        query: None,
         replica: replica_id(),
         started: Instant::now(),
         config: ArcSwap::from_pointee(cfg.clone()),

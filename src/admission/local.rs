@@ -87,6 +87,7 @@ impl AdmissionControl for LocalAdmission {
                 return Admission::Admitted {
                     slot: self.inner.slot(tier),
                     queued_for: None,
+                    fail_open: false,
                 };
             }
             let Some(q) = queue else {
@@ -127,7 +128,11 @@ impl AdmissionControl for LocalAdmission {
         };
         let queued_for = Some(started.elapsed());
         match slot {
-            Some(slot) => Admission::Admitted { slot, queued_for },
+            Some(slot) => Admission::Admitted {
+                slot,
+                queued_for,
+                fail_open: false,
+            },
             None => Admission::Refused {
                 reason: Reason::QueueTimedOut,
                 queued_for,

@@ -28,6 +28,8 @@ pub enum Admission {
         slot: Slot,
         /// Time spent in the queue, when the request waited.
         queued_for: Option<Duration>,
+        /// The coordinator could not be reached and admitted without enforcing the bound.
+        fail_open: bool,
     },
     /// `TierAtCapacity`, `QueueDropped`, `QueueTimedOut` or `Draining`.
     Refused {
@@ -52,6 +54,10 @@ pub trait AdmissionControl: Send + Sync {
     fn status(&self, tier: Tier) -> TierAdmission;
     /// Which coordinator this is (`local`, `redis`), for `/status`.
     fn kind(&self) -> &'static str;
+    /// Coordinator health for `/status` (reachability, fail-open count …).
+    fn health(&self) -> serde_json::Value {
+        serde_json::json!({"coordinator": self.kind(), "healthy": true})
+    }
 }
 
 type Release = Box<dyn FnOnce() + Send + Sync>;

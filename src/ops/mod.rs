@@ -54,7 +54,7 @@ pub async fn handle(app: &App, session: &mut Session, ctx: &mut Ctx) -> Result<(
         "/status" => send_json(session, ctx, 200, &status::status(app), &[]).await,
         "/decisions/recent" => {
             let query = session.req_header().uri.query().unwrap_or("").to_string();
-            send_json(session, ctx, 200, &status::recent(app, &query), &[]).await
+            send_json(session, ctx, 200, &status::recent(app, &query).await, &[]).await
         }
         _ => {
             send_json(

@@ -1,6 +1,7 @@
 //! `/status`, `/decisions/recent` and the state-mirroring gauges of `/metrics`.
 
 use super::query_param;
+use crate::decisions::RecentFilter;
 use crate::policy::{SignalKind, Tier};
 use crate::proxy::App;
 use crate::signals::hub::SignalPool;
@@ -74,26 +75,36 @@ pub fn status(app: &App) -> Value {
             "model": fallback.and_then(|h| h.model.clone()),
         },
         "pools": pools,
+        "admission": app.admission.health(),
+        "ledger": app.sinks.iter().map(|s| s.status()).collect::<Vec<_>>(),
     })
 }
 
 const MAX_RECENT: usize = 1000;
 
-pub fn recent(app: &App, query: &str) -> Value {
-    let limit = query_param(query, "limit")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(50)
-        .min(MAX_RECENT);
-    let tenant = query_param(query, "tenant");
-    let tier = query_param(query, "tier")
-        .and_then(Tier::parse)
-        .map(Tier::as_str);
-    let decision = query_param(query, "decision");
-    let items = app.decisions.recent(limit, |r| {
-        tenant.is_none_or(|t| r.tenant == t)
-            && tier.is_none_or(|t| r.tier == t)
-            && decision.is_none_or(|d| r.decision == d)
-    });
+pub fn recent_filter(query: &str) -> RecentFilter {
+    RecentFilter {
+        limit: query_param(query, "limit")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(50)
+            .min(MAX_RECENT),
+        tenant: query_param(query, "tenant").map(str::to_string),
+        tier: query_param(query, "tier").and_then(Tier::parse).map(|t| t.as_str().to_string()),
+        decision: query_param(query, "decision").map(str::to_string),
+        since_ms: query_param(query, "since").and_then(|v| v.parse().ok()),
+    }
+}
+
+/// From durable storage when configured and reachable, else from this replica's ring.
+pub async fn recent(app: &App, query: &str) -> Value {
+    let filter = recent_filter(query);
+    if let Some(q) = &app.query {
+        match q.recent(&filter).await {
+            Ok(items) => return json!({"source": "ledger", "decisions": items}),
+            Err(e) => log::warn!("{}", json!({"event": "ledger_query_failed", "error": e})),
+        }
+    }
+    let items = app.decisions.recent(&filter);
     let items: Vec<&crate::decisions::DecisionRecord> = items.iter().map(|r| r.as_ref()).collect();
     json!({"source": "memory", "decisions": items})
 }

@@ -40,6 +40,7 @@ reasons! {
     QueueReleased => "queue_released": "Waited in the tier's queue, then admitted when a slot freed.",
     QueueDropped => "queue_dropped": "The tier's in-flight capacity and its queue are both full.",
     QueueTimedOut => "queue_timed_out": "Waited in the queue until its deadline without a slot freeing.",
+    CoordinatorFailOpen => "coordinator_unavailable_fail_open": "The admission coordinator (Redis) is unreachable: admitted without the shared bound.",
     Draining => "draining": "Sluice is shutting down and no longer admits requests.",
     RouteTierPool => "route_tier_pool": "Routed to the tier's preferred pool.",
     RouteSpotUnhealthy => "route_spot_unhealthy_evicted": "Spot has no healthy backend: routed to on-demand.",

@@ -230,8 +230,11 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
             .admit(tier, tier_rules.inflight_capacity, queue)
             .await
         {
-            Admission::Admitted { slot, queued_for } => {
+            Admission::Admitted { slot, queued_for, fail_open } => {
                 ctx.slot = Some(slot);
+                if fail_open {
+                    ctx.reason = Some(Reason::CoordinatorFailOpen);
+                }
                 if let Some(q) = queued_for {
                     ctx.queued_for = Some(q);
                     ctx.label = "queue";

@@ -13,7 +13,7 @@ pub mod upstream;
 
 use crate::admission::AdmissionControl;
 use crate::config::Config;
-use crate::decisions::DecisionRing;
+use crate::decisions::{DecisionQuery, DecisionRing, DecisionSink};
 use crate::metrics::Metrics;
 use crate::pools::PoolSet;
 use crate::signals::SignalHub;
@@ -38,6 +38,10 @@ pub struct App {
     pub admission: Arc<dyn AdmissionControl>,
     pub metrics: Metrics,
     pub decisions: DecisionRing,
+    /// Durable destinations of decision records (the PostgreSQL ledger when configured).
+    pub sinks: Vec<Arc<dyn DecisionSink>>,
+    /// Answers `/decisions/recent` from durable storage when configured; else the ring.
+    pub query: Option<Arc<dyn DecisionQuery>>,
     pub replica: String,
     pub started: Instant,
 }

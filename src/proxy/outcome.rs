@@ -173,6 +173,14 @@ pub async fn fail_to_proxy(
     }
 }
 
+fn queue_outcome(ctx: &Ctx) -> Option<&'static str> {
+    match ctx.reason {
+        Some(r @ (Reason::QueueReleased | Reason::QueueTimedOut | Reason::QueueDropped)) => Some(r.as_str()),
+        _ if ctx.queued_for.is_some() => Some(Reason::QueueReleased.as_str()),
+        _ => None,
+    }
+}
+
 pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
     if ctx.ops {
         return;
@@ -250,6 +258,7 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
             sla_violation_rate: signals.sla_violation_rate,
         },
         error: ctx.error.clone(),
+        queue_outcome: queue_outcome(ctx),
     };
     let m = &app.metrics;
     m.decisions
@@ -271,7 +280,11 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         }
     }
     log::info!(target: "sluice::request", "{}", serde_json::to_string(&record).unwrap_or_default());
-    app.decisions.push(Arc::new(record));
+    let record = Arc::new(record);
+    for sink in &app.sinks {
+        sink.record(Arc::clone(&record));
+    }
+    app.decisions.push(record);
 }
 
 #[cfg(test)]

@@ -96,9 +96,17 @@ struct Overrides {
     values: [Option<(f64, Millis)>; 3],
 }
 
+/// A value computed elsewhere (the ledger's SLA-violation rate): value or why it is missing.
+#[derive(Debug, Clone)]
+struct External {
+    at: Millis,
+    value: Result<f64, String>,
+}
+
 struct PoolCell {
     scraped: ArcSwap<Option<ScrapeRound>>,
     overrides: Mutex<Overrides>,
+    external: Mutex<[Option<External>; 3]>,
 }
 
 pub struct SignalHub {
@@ -122,6 +130,7 @@ impl SignalHub {
         let cell = || PoolCell {
             scraped: ArcSwap::from_pointee(None),
             overrides: Mutex::new(Overrides::default()),
+            external: Mutex::new([None, None, None]),
         };
         Self {
             clock,
@@ -175,6 +184,19 @@ impl SignalHub {
         self.overrides(pool).values[kind_index(kind)] = value.map(|v| (v, now));
     }
 
+    /// Records a value computed by another background service (e.g. the SLA-violation rate from
+    /// the ledger); `Err` says why it is unavailable. It is subject to the same staleness bound.
+    pub fn record_external(&self, pool: SignalPool, kind: SignalKind, value: Result<f64, String>) {
+        let at = self.clock.now_ms();
+        let mut ext = self.pools[pool.index()].external.lock().unwrap_or_else(|e| e.into_inner());
+        ext[kind_index(kind)] = Some(External { at, value });
+    }
+
+    fn external(&self, pool: SignalPool, kind: SignalKind) -> Option<External> {
+        let ext = self.pools[pool.index()].external.lock().unwrap_or_else(|e| e.into_inner());
+        ext[kind_index(kind)].clone()
+    }
+
     pub fn reading(&self, pool: SignalPool, kind: SignalKind, now: Millis) -> SignalReading {
         if let Some((v, at)) = self.overrides(pool).values[kind_index(kind)] {
             return SignalReading {
@@ -184,13 +206,26 @@ impl SignalHub {
                 unavailable: None,
             };
         }
-        let round = self.pools[pool.index()].scraped.load();
         let unavailable = |why: String| SignalReading {
             value: None,
             age_ms: None,
             source: "none",
             unavailable: Some(why),
         };
+        if let Some(ext) = self.external(pool, kind) {
+            let age = now.saturating_sub(ext.at);
+            return match ext.value {
+                _ if age > self.stale_after_ms => unavailable(format!("stale: last sample {age} ms ago")),
+                Ok(v) => SignalReading {
+                    value: Some(v),
+                    age_ms: Some(age),
+                    source: "ledger",
+                    unavailable: None,
+                },
+                Err(e) => unavailable(e),
+            };
+        }
+        let round = self.pools[pool.index()].scraped.load();
         let Some(round) = round.as_ref() else {
             return unavailable(match kind {
                 SignalKind::SlaViolationRate => "no source: set /admin/sla-violation-rate".into(),
