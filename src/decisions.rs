@@ -110,7 +110,13 @@ impl DecisionRing {
     /// Newest first, filtered.
     pub fn recent(&self, filter: &RecentFilter) -> Vec<Arc<DecisionRecord>> {
         let items = self.items.lock().unwrap_or_else(|e| e.into_inner());
-        items.iter().rev().filter(|r| filter.matches(r)).take(filter.limit).cloned().collect()
+        items
+            .iter()
+            .rev()
+            .filter(|r| filter.matches(r))
+            .take(filter.limit)
+            .cloned()
+            .collect()
     }
 }
 
@@ -127,8 +133,15 @@ mod tests {
                 ..Default::default()
             }));
         }
-        let all = |limit| RecentFilter { limit, ..Default::default() };
-        let ids: Vec<_> = ring.recent(&all(10)).iter().map(|r| r.request_id.clone()).collect();
+        let all = |limit| RecentFilter {
+            limit,
+            ..Default::default()
+        };
+        let ids: Vec<_> = ring
+            .recent(&all(10))
+            .iter()
+            .map(|r| r.request_id.clone())
+            .collect();
         assert_eq!(ids, ["4", "3", "2"]);
         assert_eq!(ring.recent(&all(1)).len(), 1);
     }

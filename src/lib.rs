@@ -9,6 +9,7 @@ pub mod admission;
 pub mod config;
 pub mod decisions;
 pub mod demo;
+pub mod ledger;
 pub mod metrics;
 pub mod ops;
 pub mod policy;

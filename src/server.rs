@@ -2,7 +2,6 @@
 //! health-check service per pool, and the signal sampler. `serve` and `demo` both go through
 //! [`build`], so the demo runs exactly what production runs.
 
-use crate::admission::LocalAdmission;
 use crate::config::Config;
 use crate::decisions::DecisionRing;
 use crate::metrics::Metrics;
@@ -53,15 +52,17 @@ pub fn build(cfg: Config, flags: ServerFlags) -> Result<(Server, Arc<App>), Stri
     ));
     let (pools, health_services) =
         PoolSet::build(&cfg).map_err(|e| format!("building pools: {e}"))?;
+    let (admission, admission_services) = crate::admission::build(&cfg)?;
+    let ledger = crate::ledger::build(&cfg, Arc::clone(&hub))?;
     let app = Arc::new(App {
         tenants: ArcSwap::from_pointee(TenantDirectory::from_config(&cfg)),
         hub: Arc::clone(&hub),
         pools,
-        admission: Arc::new(LocalAdmission::new()),
+        admission,
         metrics: Metrics::new(),
         decisions: DecisionRing::new(cfg.decisions.ring_size),
-        sinks: Vec::new(),
-        query: None,
+        sinks: ledger.sinks,
+        query: ledger.query,
         replica: replica_id(),
         started: Instant::now(),
         config: ArcSwap::from_pointee(cfg.clone()),
@@ -85,6 +86,8 @@ pub fn build(cfg: Config, flags: ServerFlags) -> Result<(Server, Arc<App>), Stri
         "signal sampler",
         SignalSampler::new(&cfg, hub),
     ));
+    server.add_services(admission_services);
+    server.add_services(ledger.services);
     Ok((server, app))
 }
 

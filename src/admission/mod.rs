@@ -9,6 +9,23 @@ mod local;
 
 pub use local::LocalAdmission;
 
+use crate::config::Config;
+use pingora::services::ServiceWithDependents;
+use std::sync::Arc;
+
+/// The coordinator the config asks for, with any background services it needs (lease renewal).
+pub fn build(
+    _cfg: &Config,
+) -> Result<
+    (
+        Arc<dyn AdmissionControl>,
+        Vec<Box<dyn ServiceWithDependents>>,
+    ),
+    String,
+> {
+    Ok((Arc::new(LocalAdmission::new()), Vec::new()))
+}
+
 use crate::policy::{Reason, Tier};
 use async_trait::async_trait;
 use std::time::Duration;

@@ -89,7 +89,9 @@ pub fn recent_filter(query: &str) -> RecentFilter {
             .unwrap_or(50)
             .min(MAX_RECENT),
         tenant: query_param(query, "tenant").map(str::to_string),
-        tier: query_param(query, "tier").and_then(Tier::parse).map(|t| t.as_str().to_string()),
+        tier: query_param(query, "tier")
+            .and_then(Tier::parse)
+            .map(|t| t.as_str().to_string()),
         decision: query_param(query, "decision").map(str::to_string),
         since_ms: query_param(query, "since").and_then(|v| v.parse().ok()),
     }

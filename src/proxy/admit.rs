@@ -230,7 +230,11 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
             .admit(tier, tier_rules.inflight_capacity, queue)
             .await
         {
-            Admission::Admitted { slot, queued_for, fail_open } => {
+            Admission::Admitted {
+                slot,
+                queued_for,
+                fail_open,
+            } => {
                 ctx.slot = Some(slot);
                 if fail_open {
                     ctx.reason = Some(Reason::CoordinatorFailOpen);

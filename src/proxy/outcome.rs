@@ -175,7 +175,9 @@ pub async fn fail_to_proxy(
 
 fn queue_outcome(ctx: &Ctx) -> Option<&'static str> {
     match ctx.reason {
-        Some(r @ (Reason::QueueReleased | Reason::QueueTimedOut | Reason::QueueDropped)) => Some(r.as_str()),
+        Some(r @ (Reason::QueueReleased | Reason::QueueTimedOut | Reason::QueueDropped)) => {
+            Some(r.as_str())
+        }
         _ if ctx.queued_for.is_some() => Some(Reason::QueueReleased.as_str()),
         _ => None,
     }

@@ -188,12 +188,18 @@ impl SignalHub {
     /// the ledger); `Err` says why it is unavailable. It is subject to the same staleness bound.
     pub fn record_external(&self, pool: SignalPool, kind: SignalKind, value: Result<f64, String>) {
         let at = self.clock.now_ms();
-        let mut ext = self.pools[pool.index()].external.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ext = self.pools[pool.index()]
+            .external
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         ext[kind_index(kind)] = Some(External { at, value });
     }
 
     fn external(&self, pool: SignalPool, kind: SignalKind) -> Option<External> {
-        let ext = self.pools[pool.index()].external.lock().unwrap_or_else(|e| e.into_inner());
+        let ext = self.pools[pool.index()]
+            .external
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         ext[kind_index(kind)].clone()
     }
 
@@ -215,7 +221,9 @@ impl SignalHub {
         if let Some(ext) = self.external(pool, kind) {
             let age = now.saturating_sub(ext.at);
             return match ext.value {
-                _ if age > self.stale_after_ms => unavailable(format!("stale: last sample {age} ms ago")),
+                _ if age > self.stale_after_ms => {
+                    unavailable(format!("stale: last sample {age} ms ago"))
+                }
                 Ok(v) => SignalReading {
                     value: Some(v),
                     age_ms: Some(age),

@@ -1,0 +1,286 @@
+//! Shared harness for integration tests: starts real `sluice sim` backends and a real
+//! `sluice serve` on free ports, each in its own process, and tears them down on drop.
+#![allow(dead_code)]
+
+use serde_json::{json, Value};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Polls `f` until it returns `Some` or `timeout` passes.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A child process killed on drop.
+pub struct Proc {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// Starts a vLLM simulator serving `models` (comma separated) with extra flags.
+pub async fn sim(models: &str, extra: &[&str]) -> Proc {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(BIN)
+        .args(["sim", "--listen", &addr, "--model", models])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn sluice sim");
+    let p = Proc { child, addr };
+    let c = client();
+    let url = p.url("/health");
+    wait_for(Duration::from_secs(10), "simulator /health", || {
+        let c = c.clone();
+        let url = url.clone();
+        async move {
+            c.get(&url)
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status() == 200)
+                .map(|_| ())
+        }
+    })
+    .await;
+    p
+}
+
+/// A test config: fast sampling and health checks so state changes take a fraction of a second.
+pub fn config(on_demand: &[&str], spot: &[&str]) -> Value {
+    let hc = json!({"path": "/health", "interval_ms": 100, "timeout_ms": 500, "consecutive_success": 1, "consecutive_failure": 1});
+    json!({
+        "listen": [format!("127.0.0.1:{}", free_port())],
+        "server": {"threads": 2, "grace_period_seconds": 0, "graceful_shutdown_timeout_seconds": 1},
+        "tenants": {"support-bot": "Guaranteed", "coding-assistant": "Standard", "batch-analytics": "Best-Effort"},
+        "pools": {
+            "on-demand": {"backends": on_demand, "health_check": hc},
+            "spot": {"backends": spot, "health_check": hc},
+        },
+        "signals": {"scrape_interval_ms": 100, "scrape_timeout_ms": 300, "stale_after_ms": 2000},
+        "stability": {"consecutive_samples": 2, "cooldown_seconds": 0.2},
+        "fallback": {"sustained_intervals": 3, "cooldown_seconds": 0.2},
+    })
+}
+
+/// Deep-merges `patch` into `base` (objects merge, everything else replaces).
+pub fn merge(base: &mut Value, patch: Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+pub struct Sluice {
+    pub proc: Proc,
+    pub dir: PathBuf,
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl std::ops::Deref for Sluice {
+    type Target = Proc;
+    fn deref(&self) -> &Proc {
+        &self.proc
+    }
+}
+
+pub fn write_config(cfg: &Value) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-test-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = cfg.clone();
+    merge(
+        &mut cfg,
+        json!({"server": {
+            "upgrade_sock": dir.join("upgrade.sock").display().to_string(),
+            "pid_file": dir.join("sluice.pid").display().to_string(),
+        }}),
+    );
+    let path = dir.join("sluice.yaml");
+    std::fs::write(&path, serde_yaml::to_string(&cfg).unwrap()).unwrap();
+    (dir, path)
+}
+
+/// Starts `sluice serve` on `cfg` with extra environment, and waits until it is ready (an
+/// on-demand backend has passed a health check). `wait_ready = false` only waits for /livez.
+pub async fn serve_with(cfg: &Value, env: &[(&str, &str)], wait_ready: bool) -> Sluice {
+    let (dir, path) = write_config(cfg);
+    let addr = cfg["listen"][0].as_str().unwrap().to_string();
+    let log = std::fs::File::create(dir.join("sluice.log")).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--config"])
+        .arg(&path)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("spawn sluice serve");
+    let s = Sluice {
+        proc: Proc { child, addr },
+        dir,
+    };
+    let c = client();
+    let url = s.url(if wait_ready { "/readyz" } else { "/livez" });
+    wait_for(Duration::from_secs(15), "sluice to become ready", || {
+        let c = c.clone();
+        let url = url.clone();
+        async move {
+            c.get(&url)
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status() == 200)
+                .map(|_| ())
+        }
+    })
+    .await;
+    s
+}
+
+pub async fn serve(cfg: &Value) -> Sluice {
+    serve_with(cfg, &[], true).await
+}
+
+impl Sluice {
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sluice.log")).unwrap_or_default()
+    }
+
+    pub async fn status(&self) -> Value {
+        client()
+            .get(self.url("/status"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn set_signal(&self, path: &str, value: f64) {
+        let r = client()
+            .put(self.url(path))
+            .json(&json!({"value": value}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "admin {path}");
+    }
+
+    /// Waits until `/status` shows `tier` in `state`.
+    pub async fn wait_tier_state(&self, tier: &str, state: &str) {
+        wait_for(
+            Duration::from_secs(10),
+            &format!("{tier} to be {state}"),
+            || async {
+                let s = self.status().await;
+                let found = s["tiers"]
+                    .as_array()?
+                    .iter()
+                    .find(|t| t["tier"] == tier)?
+                    .clone();
+                (found["state"] == state).then_some(())
+            },
+        )
+        .await
+    }
+
+    pub async fn chat(&self, tenant: &str, body: Value) -> reqwest::Response {
+        client()
+            .post(self.url("/v1/chat/completions"))
+            .header("x-tenant-id", tenant)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+pub fn chat_body(model: &str, max_tokens: Option<u64>) -> Value {
+    let mut b = json!({"model": model, "messages": [{"role": "user", "content": "Tell me about sluices."}]});
+    if let Some(m) = max_tokens {
+        b["max_tokens"] = json!(m);
+    }
+    b
+}
+
+pub async fn sim_stats(sim: &Proc) -> Value {
+    client()
+        .get(sim.url("/admin/stats"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
+    r.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}

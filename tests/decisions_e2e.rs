@@ -1,0 +1,95 @@
+//! Each decision of the intervention ladder, over real HTTP, with simulator backends.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn pass_reject_and_degrade_as_pressure_rises() {
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b", &[]).await;
+    let s = serve(&config(&[&od.addr], &[&sp.addr])).await;
+
+    let r = s
+        .chat("batch-analytics", chat_body("llama-3-70b", Some(20)))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-sluice-decision"), "pass");
+    assert_eq!(header(&r, "x-sluice-tier"), "Best-Effort");
+    assert_eq!(header(&r, "x-sluice-pool"), "spot");
+    assert!(!header(&r, "x-request-id").is_empty());
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["usage"]["completion_tokens"], 20);
+
+    s.set_signal("/admin/pressure", 65.0).await;
+    s.wait_tier_state("Best-Effort", "Critical").await;
+    let before = sim_stats(&sp).await["received"].as_u64().unwrap();
+    let r = s
+        .chat("batch-analytics", chat_body("llama-3-70b", Some(20)))
+        .await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "x-sluice-decision"), "reject");
+    assert_eq!(header(&r, "x-sluice-reason"), "reject_pressure_critical");
+    assert!(header(&r, "retry-after").parse::<u64>().unwrap() >= 1);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({"error": {
+            "type": "sluice_capacity",
+            "code": "capacity_rejected",
+            "message": "Best-Effort request rejected by Sluice: KV-cache pressure put the tier in Critical.",
+            "reason": "reject_pressure_critical",
+            "tier": "Best-Effort",
+            "pressure": 65.0,
+            "queue_depth": 0.0,
+            "sla_violation_rate": null,
+        }})
+    );
+    let after = sim_stats(&sp).await["received"].as_u64().unwrap();
+    let after_od = sim_stats(&od).await["received"].as_u64().unwrap();
+    assert_eq!(before, after, "a rejected request never reaches vLLM");
+    assert_eq!(after_od, 0);
+
+    let r = s
+        .chat("support-bot", chat_body("llama-3-70b", Some(600)))
+        .await;
+    assert_eq!(r.status(), 200, "Guaranteed still passes at 65");
+    assert_eq!(header(&r, "x-sluice-decision"), "pass");
+
+    s.set_signal("/admin/pressure", 75.0).await;
+    s.wait_tier_state("Standard", "Elevated").await;
+    let r = s
+        .chat("coding-assistant", chat_body("llama-3-70b", Some(1000)))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-sluice-decision"), "degrade");
+    assert_eq!(header(&r, "x-sluice-reason"), "degrade_pressure_elevated");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["usage"]["completion_tokens"], 256,
+        "capped to the Standard cap"
+    );
+    let seen = sim_stats(&od).await;
+    assert_eq!(
+        seen["recent"].as_array().unwrap().last().unwrap()["max_tokens"],
+        256
+    );
+
+    // A request already under the cap reaches vLLM byte for byte.
+    let raw = r#"{"model":"llama-3-70b", "messages":[{"role":"user","content":"hi"}],  "max_tokens": 12}"#;
+    let r = client()
+        .post(s.url("/v1/chat/completions"))
+        .header("x-tenant-id", "coding-assistant")
+        .header("content-type", "application/json")
+        .body(raw)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = sim_stats(&od).await;
+    assert_eq!(
+        seen["recent"].as_array().unwrap().last().unwrap()["content_length"],
+        raw.len().to_string(),
+        "the original Content-Length (and body) reached the backend"
+    );
+}
