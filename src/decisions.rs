@@ -9,10 +9,14 @@ use std::sync::{Arc, Mutex};
 /// Where finished decision records go besides the in-memory ring (the PostgreSQL ledger).
 /// `record` is called from Pingora's `logging` phase: it must never block or fail loudly — push
 /// to a bounded buffer and return.
+#[async_trait]
 pub trait DecisionSink: Send + Sync {
     fn record(&self, record: Arc<DecisionRecord>);
     /// Health for `/status` (buffered, spooled, last flush, dropped …).
     fn status(&self) -> serde_json::Value;
+    /// Called once when the process drains: persist what is buffered (to the database, or to
+    /// local spool for the next start) within `timeout`.
+    async fn flush(&self, _timeout: std::time::Duration) {}
 }
 
 /// Filters of `/decisions/recent`.

@@ -63,7 +63,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         format!("/tmp/sluice_demo_{}.sock", std::process::id()).into(),
     );
 
-    let (server, _app) = server::build(cfg, ServerFlags::default())?;
+    let (server, _app) = server::build(cfg, ServerFlags::default(), None)?;
     print_walkthrough(&args.listen, &on_demand.to_string(), &spot.to_string());
     std::mem::forget(rt); // the simulators live as long as the process
     server.run_forever()

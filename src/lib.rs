@@ -10,6 +10,7 @@ pub mod config;
 pub mod decisions;
 pub mod demo;
 pub mod ledger;
+pub mod lifecycle;
 pub mod metrics;
 pub mod ops;
 pub mod policy;

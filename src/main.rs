@@ -59,17 +59,16 @@ fn main() -> ExitCode {
         } => Config::load(&config)
             .map_err(|e| e.to_string())
             .and_then(|mut cfg| {
+                let config = std::fs::canonicalize(&config).unwrap_or(config);
                 if let Some(l) = listen {
                     cfg.listen = vec![l];
                 }
-                let (server, _app) = server::build(
-                    cfg,
-                    ServerFlags {
-                        upgrade,
-                        daemon,
-                        test,
-                    },
-                )?;
+                let flags = ServerFlags {
+                    upgrade,
+                    daemon,
+                    test,
+                };
+                let (server, _app) = server::build(cfg, flags, Some(config))?;
                 server.run_forever()
             }),
         Command::Check { config } => Config::load(&config)

@@ -114,6 +114,8 @@ pub struct PoolSet {
     /// In priority order: the first with a healthy backend serves fallback traffic.
     pub fallbacks: Vec<PoolHandle>,
     registry: Arc<HealthRegistry>,
+    /// Set once every backend has been checked at least once (fast path of `first_checks`).
+    all_checked: std::sync::atomic::AtomicBool,
 }
 
 impl PoolSet {
@@ -162,8 +164,37 @@ impl PoolSet {
             spot,
             fallbacks,
             registry,
+            all_checked: Default::default(),
         };
         Ok((Arc::new(set), services))
+    }
+
+    /// Waits (at most `limit`) for every backend's first health check. Requests arriving in the
+    /// first milliseconds of a process — right after a binary upgrade, say — would otherwise
+    /// find no backend checked yet and get a 503.
+    pub async fn first_checks(&self, limit: Duration) {
+        use std::sync::atomic::Ordering;
+        if self.all_checked.load(Ordering::Relaxed) {
+            return;
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            let done = self.all().all(|h| {
+                h.balancer
+                    .backends()
+                    .get_backend()
+                    .iter()
+                    .all(|b| self.registry.get(&b.addr.to_string()).last_check.is_some())
+            });
+            if done {
+                self.all_checked.store(true, Ordering::Relaxed);
+                return;
+            }
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     pub fn usable(&self, h: &PoolHandle, b: &Backend) -> bool {

@@ -4,6 +4,7 @@
 
 use crate::config::Config;
 use crate::decisions::DecisionRing;
+use crate::lifecycle::{DrainService, ReloadService};
 use crate::metrics::Metrics;
 use crate::pools::PoolSet;
 use crate::proxy::{App, Sluice};
@@ -14,8 +15,9 @@ use arc_swap::ArcSwap;
 use pingora::server::configuration::Opt;
 use pingora::server::Server;
 use pingora::services::background::background_service;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Pingora's process-level flags, passed through from `sluice serve`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -33,8 +35,14 @@ pub fn replica_id() -> String {
         + &format!("-{}", std::process::id())
 }
 
-pub fn build(cfg: Config, flags: ServerFlags) -> Result<(Server, Arc<App>), String> {
+/// Builds the server. `config_path` enables SIGHUP reload of that file.
+pub fn build(
+    cfg: Config,
+    flags: ServerFlags,
+    config_path: Option<PathBuf>,
+) -> Result<(Server, Arc<App>), String> {
     let conf = cfg.server_conf().map_err(|e| e.to_string())?;
+    let grace = Duration::from_secs(conf.grace_period_seconds.unwrap_or(300));
     let opt = Opt {
         upgrade: flags.upgrade,
         daemon: flags.daemon,
@@ -65,6 +73,9 @@ pub fn build(cfg: Config, flags: ServerFlags) -> Result<(Server, Arc<App>), Stri
         query: ledger.query,
         replica: replica_id(),
         started: Instant::now(),
+        active: Arc::default(),
+        draining: tokio::sync::watch::channel(false).0,
+        closing: Default::default(),
         config: ArcSwap::from_pointee(cfg.clone()),
     });
 
@@ -87,6 +98,22 @@ pub fn build(cfg: Config, flags: ServerFlags) -> Result<(Server, Arc<App>), Stri
         SignalSampler::new(&cfg, hub),
     ));
     server.add_services(admission_services);
+    let phases = std::sync::Mutex::new(Some(server.watch_execution_phase()));
+    let drain = DrainService {
+        app: Arc::clone(&app),
+        grace,
+        phases,
+    };
+    server.add_service(background_service("drain", drain));
+    if let Some(path) = config_path {
+        server.add_service(background_service(
+            "reload",
+            ReloadService {
+                app: Arc::clone(&app),
+                path,
+            },
+        ));
+    }
     server.add_services(ledger.services);
     Ok((server, app))
 }

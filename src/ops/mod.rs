@@ -38,9 +38,11 @@ pub async fn handle(app: &App, session: &mut Session, ctx: &mut Ctx) -> Result<(
         "/healthz" | "/livez" => send_json(session, ctx, 200, &json!({"status": "ok"}), &[]).await,
         "/readyz" => {
             let healthy = app.pools.healthy_count(&app.pools.on_demand);
-            let ready = healthy > 0;
+            let draining = *app.draining.borrow();
+            let ready = healthy > 0 && !draining;
             let body = json!({
                 "ready": ready,
+                "draining": draining,
                 "on_demand_healthy_backends": healthy,
                 "coordinator": app.admission.kind(),
             });

@@ -150,6 +150,7 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
     }
 
     // The policy decision, against the latest published state.
+    app.pools.first_checks(Duration::from_secs(2)).await;
     let state = app.hub.state();
     let rules = app.hub.rules();
     let fallback = app
@@ -225,11 +226,13 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
             max_wait: Duration::from_millis(cfg.queue.max_wait_ms()),
             poll: Duration::from_millis(cfg.queue.poll_ms()),
         });
-        match app
-            .admission
-            .admit(tier, tier_rules.inflight_capacity, queue)
-            .await
-        {
+        let mut draining = app.draining.subscribe();
+        let admitted = tokio::select! {
+            a = app.admission.admit(tier, tier_rules.inflight_capacity, queue) => a,
+            // Dropping the admit future leaves the queue; its slot, if any, goes to the next.
+            _ = draining.wait_for(|d| *d) => Admission::Refused { reason: Reason::Draining, queued_for: None },
+        };
+        match admitted {
             Admission::Admitted {
                 slot,
                 queued_for,
@@ -256,6 +259,16 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
                         .queue_wait
                         .with_label_values(&[tier.as_str(), reason.as_str()])
                         .observe(q.as_secs_f64());
+                }
+                if reason == Reason::Draining {
+                    let body = error_body(
+                        "sluice_draining",
+                        "draining",
+                        reason,
+                        "Sluice is shutting down; retry on another replica",
+                    );
+                    session.set_keepalive(None);
+                    return refuse(session, ctx, 503, "reject", reason, body, Some(1)).await;
                 }
                 let label = if queued_for.is_some() || reason == Reason::QueueDropped {
                     "queue"

@@ -55,4 +55,8 @@ pub struct Ctx {
     pub response_is_sse: bool,
     pub error: Option<String>,
     pub status: u16,
+    /// The process is handing over or draining: close the connection after this response.
+    pub closing: bool,
+    /// Counts this request as active until the context is dropped.
+    pub active: Option<crate::lifecycle::ActiveGuard>,
 }

@@ -14,6 +14,7 @@ pub mod upstream;
 use crate::admission::AdmissionControl;
 use crate::config::Config;
 use crate::decisions::{DecisionQuery, DecisionRing, DecisionSink};
+use crate::lifecycle::ActiveRequests;
 use crate::metrics::Metrics;
 use crate::pools::PoolSet;
 use crate::signals::SignalHub;
@@ -44,6 +45,20 @@ pub struct App {
     pub query: Option<Arc<dyn DecisionQuery>>,
     pub replica: String,
     pub started: Instant,
+    /// Requests between `new_ctx` and the end of `logging`, for the exact drain.
+    pub active: Arc<ActiveRequests>,
+    /// Flips to `true` when the process starts draining.
+    pub draining: tokio::sync::watch::Sender<bool>,
+    /// Set from the moment another process is taking over the listeners (SIGQUIT) or the
+    /// process drains: responses then close their connection, so clients reconnect to the new
+    /// process instead of racing Pingora's close of idle keep-alive connections.
+    pub closing: std::sync::atomic::AtomicBool,
+}
+
+impl App {
+    pub fn closing(&self) -> bool {
+        self.closing.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 pub struct Sluice {
@@ -57,6 +72,8 @@ impl ProxyHttp for Sluice {
     fn new_ctx(&self) -> Ctx {
         Ctx {
             started: Some(Instant::now()),
+            active: Some(self.app.active.enter()),
+            closing: self.app.closing(),
             ..Default::default()
         }
     }
@@ -100,10 +117,13 @@ impl ProxyHttp for Sluice {
 
     async fn response_filter(
         &self,
-        _s: &mut Session,
+        session: &mut Session,
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        if self.app.closing() {
+            session.set_keepalive(None);
+        }
         outcome::response_filter(resp, ctx)
     }
 

@@ -76,6 +76,9 @@ pub async fn send(
     if !session.is_body_done() {
         session.set_keepalive(None);
     }
+    if ctx.closing {
+        session.set_keepalive(None);
+    }
     ctx.status = status;
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await?;
