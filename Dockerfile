@@ -1,0 +1,22 @@
+# syntax=docker/dockerfile:1
+# Build: the pinned Rust toolchain plus cmake (Pingora's zlib-ng) and a C compiler.
+FROM rust:1.95-slim-bookworm AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends cmake=3.25.* make=4.3-* g++=4:12.* \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY Cargo.toml Cargo.lock rust-toolchain.toml ./
+COPY src ./src
+COPY conf ./conf
+RUN cargo build --release --locked --bin sluice
+
+# Run: a slim base, no toolchain, a non-root user, config under /etc/sluice.
+FROM debian:bookworm-slim
+RUN groupadd --system --gid 10001 sluice \
+ && useradd --system --uid 10001 --gid sluice --no-create-home --shell /usr/sbin/nologin sluice
+COPY --from=build /src/target/release/sluice /usr/local/bin/sluice
+COPY conf/ /etc/sluice/
+USER 10001:10001
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/sluice"]
+CMD ["serve", "--config", "/etc/sluice/sluice.yaml", "--listen", "0.0.0.0:8080"]
