@@ -102,5 +102,8 @@ fn the_shipped_configs_check() {
     for cfg in ["conf/sluice.yaml"] {
         let out = Command::new(BIN).args(["check", "--config", cfg]).output().unwrap();
         assert!(out.status.success(), "{cfg}: {}", String::from_utf8_lossy(&out.stderr));
+        // Pingora's own -t (test the configuration and exit) keeps working.
+        let out = Command::new(BIN).args(["serve", "-t", "--config", cfg]).output().unwrap();
+        assert!(out.status.success(), "serve -t {cfg}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }

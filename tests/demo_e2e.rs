@@ -1,0 +1,57 @@
+//! The "done when", against `sluice demo` itself: pass, reject at 65 while Guaranteed
+//! passes, degrade to 256 tokens at 75.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+#[tokio::test]
+async fn demo_walkthrough() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(BIN)
+        .args(["demo", "--listen", &addr])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let demo = Proc { child, addr };
+    let c = client();
+    wait_for(Duration::from_secs(15), "the demo to be ready", || async {
+        let r = c.get(demo.url("/readyz")).send().await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    let chat = |tenant: &'static str| {
+        c.post(demo.url("/v1/chat/completions"))
+            .header("x-tenant-id", tenant)
+            .json(&chat_body("llama-3-70b", Some(400)))
+            .send()
+    };
+    let r = chat("batch-analytics").await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["choices"][0]["message"]["content"].as_str().unwrap().len() > 10);
+
+    let put = |v: f64| c.put(demo.url("/admin/pressure")).json(&json!({"value": v})).send();
+    assert_eq!(put(65.0).await.unwrap().status(), 200);
+    let rejected = wait_for(Duration::from_secs(8), "Best-Effort to be rejected", || async {
+        let r = chat("batch-analytics").await.ok()?;
+        (r.status() == 429).then_some(r)
+    })
+    .await;
+    let body: Value = rejected.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "sluice_capacity");
+    assert_eq!(body["error"]["code"], "capacity_rejected");
+    assert_eq!(chat("support-bot").await.unwrap().status(), 200);
+
+    assert_eq!(put(75.0).await.unwrap().status(), 200);
+    let degraded = wait_for(Duration::from_secs(8), "Standard to be degraded", || async {
+        let r = chat("coding-assistant").await.ok()?;
+        (header(&r, "x-sluice-decision") == "degrade").then_some(r)
+    })
+    .await;
+    let body: Value = degraded.json().await.unwrap();
+    assert_eq!(body["usage"]["completion_tokens"], 256);
+}
