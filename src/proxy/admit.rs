@@ -1,22 +1,134 @@
 //! `request_filter`: everything decided before vLLM is contacted — ops endpoints, tenant and
 //! tier, body pre-read, the policy decision, the in-flight slot or queue wait. A request refused
-//! here never reaches a backend.
+//! here never reaches a backend. Each step either fills the context or returns a [`Refusal`].
 
 use super::ctx::{BodyMode, Ctx};
 use super::respond::{capacity_body, error_body, send_json};
 use super::App;
 use crate::admission::{Admission, QueueParams};
-use crate::policy::{self, Action, Pool, Reason, RequestFacts};
+use crate::policy::{self, Action, Pool, PoolSignals, Reason, RequestFacts, Tier};
 use crate::shaping::{self, Shaped};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use pingora::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Pingora's retry buffer holds 64 KiB; a larger pre-read would lose the body (see notes §2).
 pub const PREREAD_MAX: usize = 64 * 1024;
+/// How long a request arriving right after start may wait for the first health checks.
+const FIRST_CHECKS_WAIT: Duration = Duration::from_secs(2);
 
 static REQUEST_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// An answer Sluice gives instead of proxying.
+struct Refusal {
+    status: u16,
+    label: &'static str,
+    reason: Reason,
+    body: serde_json::Value,
+    retry_after_s: Option<u64>,
+}
+
+impl Refusal {
+    fn new(status: u16, reason: Reason, body: serde_json::Value) -> Self {
+        Refusal {
+            status,
+            label: "reject",
+            reason,
+            body,
+            retry_after_s: None,
+        }
+    }
+
+    fn request_error(status: u16, code: &str, reason: Reason, message: &str) -> Self {
+        Self::new(
+            status,
+            reason,
+            error_body("sluice_request", code, reason, message),
+        )
+    }
+
+    fn capacity(reason: Reason, tier: Tier, signals: &PoolSignals, retry_after_s: u64) -> Self {
+        Refusal {
+            retry_after_s: Some(retry_after_s),
+            ..Self::new(429, reason, capacity_body(reason, tier, signals))
+        }
+    }
+}
+
+type Step<T> = Result<std::result::Result<T, Refusal>>;
+
+pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+    ctx.received_at_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    ctx.request_id = request_id(app, session);
+    if crate::ops::is_ops_path(session.req_header().uri.path()) {
+        ctx.ops = true;
+        crate::ops::handle(app, session, ctx).await?;
+        return Ok(true);
+    }
+    match decide_and_admit(app, session, ctx).await? {
+        Ok(()) => Ok(false),
+        Err(refusal) => {
+            refuse(session, ctx, refusal).await?;
+            Ok(true)
+        }
+    }
+}
+
+async fn decide_and_admit(app: &App, session: &mut Session, ctx: &mut Ctx) -> Step<()> {
+    let req = session.req_header();
+    let shapeable = shaping::is_shapeable(req.method.as_str(), req.uri.path());
+    let tier = match identify(app, session, ctx) {
+        Ok(tier) => tier,
+        Err(r) => return Ok(Err(r)),
+    };
+    let declared = match declared_length(app, session) {
+        Ok(n) => n,
+        Err(r) => return Ok(Err(r)),
+    };
+    let raw = if shapeable && declared.is_some_and(|n| n > 0 && n <= PREREAD_MAX) {
+        match preread(session).await? {
+            Ok(raw) => {
+                ctx.body_mode = BodyMode::Preread;
+                ctx.facts = shaping::facts(&raw);
+                Some(raw)
+            }
+            Err(r) => return Ok(Err(r)),
+        }
+    } else {
+        None
+    };
+
+    app.pools.first_checks(FIRST_CHECKS_WAIT).await;
+    let state = app.hub.state();
+    let rules = app.hub.rules();
+    decide(app, ctx, &state, &rules, tier, shapeable);
+    if ctx
+        .decision
+        .as_ref()
+        .is_some_and(|d| d.action == Action::Reject)
+    {
+        let reason = ctx.reason.unwrap_or(Reason::RejectPressure);
+        let retry = (rules.stability.cooldown_ms / 1000).max(1);
+        return Ok(Err(Refusal::capacity(reason, tier, &state.signals, retry)));
+    }
+    if let Err(r) = shape(ctx, raw, shapeable, declared) {
+        return Ok(Err(r));
+    }
+    // Only completions hold capacity: model listings and health probes must not queue.
+    if shapeable {
+        let capacity = rules.tier(tier).inflight_capacity;
+        if let Err(r) = take_slot(app, ctx, tier, capacity, &state.signals).await {
+            return Ok(Err(r));
+        }
+    }
+    if ctx.pool == Some(Pool::Fallback) && ctx.fallback_index.is_none() {
+        ctx.pool = Some(Pool::OnDemand);
+    }
+    Ok(Ok(()))
+}
 
 fn request_id(app: &App, session: &Session) -> String {
     let given = session
@@ -38,121 +150,91 @@ fn request_id(app: &App, session: &Session) -> String {
     }
 }
 
-pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-    ctx.received_at_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    ctx.request_id = request_id(app, session);
-    if crate::ops::is_ops_path(session.req_header().uri.path()) {
-        ctx.ops = true;
-        crate::ops::handle(app, session, ctx).await?;
-        return Ok(true);
-    }
-
-    let cfg = app.config.load_full();
-    let req = session.req_header();
-    let method = req.method.as_str().to_string();
-    let shapeable = shaping::is_shapeable(&method, req.uri.path());
-
-    // Who is asking.
-    let tenant = req.headers.get("x-tenant-id").map(|v| v.as_bytes());
-    let auth = req.headers.get("authorization").map(|v| v.as_bytes());
+/// Tenant and tier, from the API key or `X-Tenant-ID`.
+fn identify(app: &App, session: &Session, ctx: &mut Ctx) -> std::result::Result<Tier, Refusal> {
+    let headers = &session.req_header().headers;
+    let tenant = headers.get("x-tenant-id").map(|v| v.as_bytes());
+    let auth = headers.get("authorization").map(|v| v.as_bytes());
     match app.tenants.load().resolve(tenant, auth) {
-        Ok(id) => ctx.identity = Some(id),
+        Ok(id) => {
+            let tier = id.tier;
+            ctx.identity = Some(id);
+            Ok(tier)
+        }
         Err(reason) => {
             let (status, code) = match reason {
                 Reason::InvalidTenantHeader => (400, "invalid_header"),
                 _ => (401, "unauthorized"),
             };
-            return refuse(
-                session,
-                ctx,
-                status,
-                "reject",
-                reason,
-                error_body("sluice_auth", code, reason, reason.describe()),
-                None,
-            )
-            .await;
+            let body = error_body("sluice_auth", code, reason, reason.describe());
+            Err(Refusal::new(status, reason, body))
         }
     }
-    let tier = ctx
-        .identity
-        .as_ref()
-        .map_or(policy::Tier::BestEffort, |i| i.tier);
+}
 
-    // Body size, from the declared length; chunked uploads are counted as they stream.
-    let declared = match content_length(session) {
-        Ok(n) => n,
-        Err(()) => {
-            let body = error_body(
-                "sluice_request",
-                "invalid_header",
-                Reason::InvalidJson,
-                "Content-Length is not a number",
-            );
-            return refuse(session, ctx, 400, "reject", Reason::InvalidJson, body, None).await;
-        }
+/// The declared body length, refused when over the limit; chunked uploads are counted as they
+/// stream (`request_body_filter`).
+fn declared_length(app: &App, session: &Session) -> std::result::Result<Option<usize>, Refusal> {
+    let max = app.config.load().limits.max_body_bytes;
+    let declared = match session.req_header().headers.get("content-length") {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()) {
+            Some(n) => Some(n),
+            None => {
+                let msg = "Content-Length is not a number";
+                return Err(Refusal::request_error(
+                    400,
+                    "invalid_header",
+                    Reason::InvalidJson,
+                    msg,
+                ));
+            }
+        },
     };
-    if declared.is_some_and(|n| n > cfg.limits.max_body_bytes) {
-        let msg = format!("request body exceeds {} bytes", cfg.limits.max_body_bytes);
-        let body = error_body(
-            "sluice_request",
+    if declared.is_some_and(|n| n > max) {
+        let msg = format!("request body exceeds {max} bytes");
+        return Err(Refusal::request_error(
+            413,
             "body_too_large",
             Reason::BodyTooLarge,
             &msg,
-        );
-        return refuse(
-            session,
-            ctx,
+        ));
+    }
+    Ok(declared)
+}
+
+/// Reads a small completion body whole, keeping Pingora's retry buffer so the same bytes (or
+/// their rewrite) still go upstream.
+async fn preread(session: &mut Session) -> Step<Bytes> {
+    session.enable_retry_buffering();
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = session.read_request_body().await? {
+        buf.extend_from_slice(&chunk);
+        if buf.len() > PREREAD_MAX {
+            break;
+        }
+    }
+    if session.retry_buffer_truncated() || buf.len() > PREREAD_MAX {
+        let msg = "body longer than its Content-Length";
+        return Ok(Err(Refusal::request_error(
             413,
-            "reject",
+            "body_too_large",
             Reason::BodyTooLarge,
-            body,
-            None,
-        )
-        .await;
+            msg,
+        )));
     }
+    Ok(Ok(buf.freeze()))
+}
 
-    // Pre-read small completion bodies: the ledger wants the model and max_tokens, and a
-    // rewrite then needs no chunked re-framing.
-    let mut raw = None;
-    if shapeable && declared.is_some_and(|n| n > 0 && n <= PREREAD_MAX) {
-        session.enable_retry_buffering();
-        let mut buf = BytesMut::new();
-        while let Some(chunk) = session.read_request_body().await? {
-            buf.extend_from_slice(&chunk);
-            if buf.len() > PREREAD_MAX {
-                break;
-            }
-        }
-        if session.retry_buffer_truncated() || buf.len() > PREREAD_MAX {
-            let body = error_body(
-                "sluice_request",
-                "body_too_large",
-                Reason::BodyTooLarge,
-                "body longer than its Content-Length",
-            );
-            return refuse(
-                session,
-                ctx,
-                413,
-                "reject",
-                Reason::BodyTooLarge,
-                body,
-                None,
-            )
-            .await;
-        }
-        ctx.body_mode = BodyMode::Preread;
-        ctx.facts = shaping::facts(&buf);
-        raw = Some(buf.freeze());
-    }
-
-    // The policy decision, against the latest published state.
-    app.pools.first_checks(Duration::from_secs(2)).await;
-    let state = app.hub.state();
-    let rules = app.hub.rules();
+/// The policy decision against the latest published state.
+fn decide(
+    app: &App,
+    ctx: &mut Ctx,
+    state: &policy::PolicyState,
+    rules: &policy::tenant_policy::PolicyRules,
+    tier: Tier,
+    shapeable: bool,
+) {
     let fallback = app
         .pools
         .fallbacks
@@ -164,7 +246,7 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
         fallback_available: fallback.is_some(),
         spot_healthy: app.pools.healthy_count(&app.pools.spot) > 0,
     };
-    let decision = policy::decide(&state, &rules, &facts);
+    let decision = policy::decide(state, rules, &facts);
     ctx.label = decision.action.name();
     ctx.reason = Some(decision.reason);
     ctx.pool = Some(decision.pool);
@@ -174,18 +256,16 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
         ctx.fallback_index = fallback;
         ctx.fallback_model = fallback.and_then(|i| app.pools.fallbacks[i].model.clone());
     }
-    let action = decision.action.clone();
-    let queue_eligible = decision.queue_eligible;
     ctx.decision = Some(decision);
+}
 
-    if action == Action::Reject {
-        let reason = ctx.reason.unwrap_or(Reason::RejectPressure);
-        let body = capacity_body(reason, tier, &state.signals);
-        let retry = (rules.stability.cooldown_ms / 1000).max(1);
-        return refuse(session, ctx, 429, "reject", reason, body, Some(retry)).await;
-    }
-
-    // Shape now when the body is in hand; otherwise buffer it later if a rewrite is needed.
+/// Rewrites a pre-read body now; a larger one that needs a rewrite is buffered later.
+fn shape(
+    ctx: &mut Ctx,
+    raw: Option<Bytes>,
+    shapeable: bool,
+    declared: Option<usize>,
+) -> std::result::Result<(), Refusal> {
     let needs_rewrite = ctx.cap.is_some() || ctx.fallback_model.is_some();
     match raw {
         Some(raw) => match shaping::shape(&raw, ctx.cap, ctx.fallback_model.as_deref()) {
@@ -199,13 +279,13 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
                 ctx.new_body = Some(body.into());
             }
             Shaped::NotJson if needs_rewrite => {
-                let body = error_body(
-                    "sluice_request",
+                let msg = "the decision needs to rewrite the body, which is not a JSON object";
+                return Err(Refusal::request_error(
+                    400,
                     "invalid_json",
                     Reason::InvalidJson,
-                    "the decision needs to rewrite the body, which is not a JSON object",
-                );
-                return refuse(session, ctx, 400, "reject", Reason::InvalidJson, body, None).await;
+                    msg,
+                ));
             }
             Shaped::NotJson => ctx.reason = Some(Reason::BodyNotJsonForwarded),
         },
@@ -217,104 +297,89 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
     if ctx.applied_max_tokens.is_none() && ctx.new_body.is_none() {
         ctx.applied_max_tokens = ctx.facts.as_ref().and_then(|f| f.max_tokens);
     }
+    Ok(())
+}
 
-    // Only completions hold capacity: model listings and health probes must not queue.
-    if shapeable {
-        let tier_rules = rules.tier(tier);
-        let queue = queue_eligible.then(|| QueueParams {
-            max_size: cfg.queue.max_size,
-            max_wait: Duration::from_millis(cfg.queue.max_wait_ms()),
-            poll: Duration::from_millis(cfg.queue.poll_ms()),
-        });
-        let mut draining = app.draining.subscribe();
-        let admitted = tokio::select! {
-            a = app.admission.admit(tier, tier_rules.inflight_capacity, queue) => a,
-            // Dropping the admit future leaves the queue; its slot, if any, goes to the next.
-            _ = draining.wait_for(|d| *d) => Admission::Refused { reason: Reason::Draining, queued_for: None },
-        };
-        match admitted {
-            Admission::Admitted {
-                slot,
-                queued_for,
-                fail_open,
-            } => {
-                ctx.slot = Some(slot);
-                if fail_open {
-                    ctx.reason = Some(Reason::CoordinatorFailOpen);
-                }
-                if let Some(q) = queued_for {
-                    ctx.queued_for = Some(q);
-                    ctx.label = "queue";
-                    ctx.reason = Some(Reason::QueueReleased);
-                    app.metrics
-                        .queue_wait
-                        .with_label_values(&[tier.as_str(), "released"])
-                        .observe(q.as_secs_f64());
-                }
+/// Takes an in-flight slot, waiting in the tier's queue when the tier queues. Draining ends any
+/// wait at once: dropping the admit future leaves the queue, and its slot, if any, goes on.
+async fn take_slot(
+    app: &App,
+    ctx: &mut Ctx,
+    tier: Tier,
+    capacity: u32,
+    signals: &PoolSignals,
+) -> std::result::Result<(), Refusal> {
+    let queue = ctx.decision.as_ref().filter(|d| d.queue_eligible).map(|_| {
+        let q = &app.config.load().queue;
+        QueueParams {
+            max_size: q.max_size,
+            max_wait: Duration::from_millis(q.max_wait_ms()),
+            poll: Duration::from_millis(q.poll_ms()),
+        }
+    });
+    let mut draining = app.draining.subscribe();
+    let admitted = tokio::select! {
+        a = app.admission.admit(tier, capacity, queue) => a,
+        _ = draining.wait_for(|d| *d) => Admission::Refused { reason: Reason::Draining, queued_for: None },
+    };
+    let queue_wait = |outcome: &str, q: Duration| {
+        app.metrics
+            .queue_wait
+            .with_label_values(&[tier.as_str(), outcome])
+            .observe(q.as_secs_f64())
+    };
+    match admitted {
+        Admission::Admitted {
+            slot,
+            queued_for,
+            fail_open,
+        } => {
+            ctx.slot = Some(slot);
+            if fail_open {
+                ctx.reason = Some(Reason::CoordinatorFailOpen);
             }
-            Admission::Refused { reason, queued_for } => {
-                ctx.queued_for = queued_for;
-                if let Some(q) = queued_for {
-                    app.metrics
-                        .queue_wait
-                        .with_label_values(&[tier.as_str(), reason.as_str()])
-                        .observe(q.as_secs_f64());
-                }
-                if reason == Reason::Draining {
-                    let body = error_body(
-                        "sluice_draining",
-                        "draining",
-                        reason,
-                        "Sluice is shutting down; retry on another replica",
-                    );
-                    session.set_keepalive(None);
-                    return refuse(session, ctx, 503, "reject", reason, body, Some(1)).await;
-                }
-                let label = if queued_for.is_some() || reason == Reason::QueueDropped {
-                    "queue"
-                } else {
-                    "reject"
-                };
-                let body = capacity_body(reason, tier, &state.signals);
-                return refuse(session, ctx, 429, label, reason, body, Some(1)).await;
+            if let Some(q) = queued_for {
+                queue_wait("released", q);
+                ctx.queued_for = Some(q);
+                ctx.label = "queue";
+                ctx.reason = Some(Reason::QueueReleased);
             }
+            Ok(())
+        }
+        Admission::Refused {
+            reason: Reason::Draining,
+            ..
+        } => {
+            let msg = "Sluice is shutting down; retry on another replica";
+            let body = error_body("sluice_draining", "draining", Reason::Draining, msg);
+            ctx.closing = true;
+            Err(Refusal {
+                retry_after_s: Some(1),
+                ..Refusal::new(503, Reason::Draining, body)
+            })
+        }
+        Admission::Refused { reason, queued_for } => {
+            ctx.queued_for = queued_for;
+            if let Some(q) = queued_for {
+                queue_wait(reason.as_str(), q);
+            }
+            let mut refusal = Refusal::capacity(reason, tier, signals, 1);
+            if queued_for.is_some() || reason == Reason::QueueDropped {
+                refusal.label = "queue";
+            }
+            Err(refusal)
         }
     }
-    if ctx.pool == Some(Pool::Fallback) && ctx.fallback_index.is_none() {
-        ctx.pool = Some(Pool::OnDemand);
-    }
-    Ok(false)
 }
 
-fn content_length(session: &Session) -> std::result::Result<Option<usize>, ()> {
-    match session.req_header().headers.get("content-length") {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .map(Some)
-            .ok_or(()),
-    }
-}
-
-/// Answers the request from Sluice itself; `retry_after_s` adds `Retry-After` (429s).
-async fn refuse(
-    session: &mut Session,
-    ctx: &mut Ctx,
-    status: u16,
-    label: &'static str,
-    reason: Reason,
-    body: serde_json::Value,
-    retry_after_s: Option<u64>,
-) -> Result<bool> {
-    ctx.label = label;
-    ctx.reason = Some(reason);
+async fn refuse(session: &mut Session, ctx: &mut Ctx, r: Refusal) -> Result<()> {
+    ctx.label = r.label;
+    ctx.reason = Some(r.reason);
     ctx.pool = None;
-    let extra: Vec<(&str, String)> = retry_after_s
+    let extra: Vec<(&str, String)> = r
+        .retry_after_s
         .map(|s| ("retry-after", s.to_string()))
         .into_iter()
         .collect();
-    send_json(session, ctx, status, &body, &extra).await?;
-    Ok(true)
+    send_json(session, ctx, r.status, &r.body, &extra).await
 }
