@@ -1,7 +1,9 @@
 //! Exported metrics (one prometheus registry, served on `/metrics`). Request-path metrics are
 //! updated in the `logging` phase; gauges that mirror state (signals, tier states, in-flight,
 //! backend health) are refreshed when `/metrics` is rendered, so no background job keeps them.
-//! Label cardinality is bounded: tier, decision, reason, pool and backend are all finite sets.
+//! Label cardinality is bounded: tier, decision, reason, pool, backend, signal and dependency are
+//! all finite sets. There is deliberately no tenant label (tenants are unbounded); per-tenant
+//! questions are answered from the decision records (`/decisions/recent`, the ledger).
 
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -37,6 +39,11 @@ pub struct Metrics {
     pub queued: IntGaugeVec,
     pub capacity: IntGaugeVec,
     pub backend_healthy: IntGaugeVec,
+    pub signal_available: IntGaugeVec,
+    pub spot_state: IntGauge,
+    pub tier_threshold: GaugeVec,
+    pub sla_target: GaugeVec,
+    pub dependency_up: IntGaugeVec,
 }
 
 impl Metrics {
@@ -76,7 +83,14 @@ impl Metrics {
                 .expect("unique metric name");
             g
         };
-        Metrics {
+        let single = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("static gauge definition");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric name");
+            g
+        };
+        let metrics = Metrics {
             decisions: counter("sluice_decisions_total", "Decisions by tier, decision and reason.", &["tier", "decision", "reason"]),
             request_duration: hist("sluice_request_duration_seconds", "End-to-end request latency seen by Sluice, to the last byte.", LATENCY_BUCKETS, &["tier", "decision"]),
             ttfb: hist("sluice_time_to_first_byte_seconds", "Time from request arrival to the first response body byte.", LATENCY_BUCKETS, &["tier", "decision"]),
@@ -86,18 +100,26 @@ impl Metrics {
             signal_value: gauge("sluice_signal_value", "Current signal value per pool (pressure %, queue depth, SLA-violation rate); absent when unavailable.", &["pool", "signal"]),
             signal_age: gauge("sluice_signal_age_seconds", "Age of the signal value in use.", &["pool", "signal"]),
             tier_state: igauge("sluice_tier_state", "Pressure state per tier: 0 Normal, 1 Elevated, 2 Critical.", &["tier"]),
-            fallback_active: {
-                let g = IntGauge::new("sluice_fallback_active", "1 while sustained pressure routes eligible tiers to the fallback model.")
-                    .expect("static gauge definition");
-                registry.register(Box::new(g.clone())).expect("unique metric name");
-                g
-            },
+            fallback_active: single("sluice_fallback_active", "1 while sustained pressure routes eligible tiers to the fallback model."),
             inflight: igauge("sluice_inflight_requests", "Admitted requests in flight per tier.", &["tier"]),
             queued: igauge("sluice_queued_requests", "Requests waiting in a tier's queue.", &["tier"]),
             capacity: igauge("sluice_tier_capacity", "Configured in-flight capacity per tier (0 = unlimited).", &["tier"]),
             backend_healthy: igauge("sluice_backend_healthy", "1 when the backend is usable (passed a health check and is healthy).", &["pool", "backend"]),
+            signal_available: igauge("sluice_signal_available", "1 when the pool's signal has a fresh value, 0 when unavailable (value absent).", &["pool", "signal"]),
+            spot_state: single("sluice_spot_state", "Spot pool's own pressure against the eviction thresholds: 0 Normal, 2 Critical (Best-Effort evicted to on-demand)."),
+            tier_threshold: gauge("sluice_tier_threshold", "Configured threshold per tier, signal and level (elevated, critical); absent when the step is disabled.", &["tier", "signal", "level"]),
+            sla_target: gauge("sluice_tier_sla_target_seconds", "Configured SLA latency target per tier.", &["tier"]),
+            dependency_up: igauge("sluice_dependency_up", "1 when a configured dependency (ledger, coordinator, prometheus) is healthy, 0 when not.", &["dependency"]),
             registry,
+        };
+        // Zero series for the finite upstream-error label set, so `rate()` and dashboards see
+        // 0 rather than no data until the first failure.
+        for pool in ["on-demand", "spot", "fallback"] {
+            for kind in ["upstream_error", "upstream_timeout"] {
+                metrics.upstream_errors.with_label_values(&[pool, kind]);
+            }
         }
+        metrics
     }
 
     pub fn render(&self) -> Vec<u8> {

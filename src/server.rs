@@ -93,10 +93,13 @@ pub fn build(
     for svc in health_services {
         server.add_service(svc);
     }
-    server.add_service(background_service(
-        "signal sampler",
-        SignalSampler::new(&cfg, hub),
-    ));
+    if cfg.signals.source.scrapes() {
+        server.add_service(background_service(
+            "signal sampler",
+            SignalSampler::new(&cfg, Arc::clone(&hub)),
+        ));
+    }
+    server.add_services(crate::signals::prometheus::services(&cfg, hub));
     server.add_services(admission_services);
     let phases = std::sync::Mutex::new(Some(server.watch_execution_phase()));
     let drain = DrainService {

@@ -100,21 +100,47 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
     let sp = sim("llama-3-70b", &[]).await;
     let s = serve(&config(&[&od.addr], &[&sp.addr])).await;
     for _ in 0..3 {
-        assert_eq!(s.chat("support-bot", chat_body("llama-3-70b", Some(4))).await.status(), 200);
+        assert_eq!(
+            s.chat("support-bot", chat_body("llama-3-70b", Some(4)))
+                .await
+                .status(),
+            200
+        );
     }
-    let _ = client().get(s.url("/v1/models")).header("x-tenant-id", "support-bot").send().await.unwrap();
-    let m = client().get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let _ = client()
+        .get(s.url("/v1/models"))
+        .header("x-tenant-id", "support-bot")
+        .send()
+        .await
+        .unwrap();
+    let m = client()
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(
         m.contains(r#"sluice_decisions_total{decision="pass",reason="below_tier_pressure_threshold",tier="Guaranteed"} 3"#),
         "{m}"
     );
     assert!(m.contains(r#"sluice_decisions_total{decision="pass",reason="endpoint_not_shapeable",tier="Guaranteed"} 1"#));
     assert!(m.contains("sluice_proxy_overhead_seconds_bucket{tier=\"Guaranteed\",le=\"0.0001\"}"));
-    assert!(m.contains("sluice_request_duration_seconds_count{decision=\"pass\",tier=\"Guaranteed\"} 4"));
+    assert!(m.contains(
+        "sluice_request_duration_seconds_count{decision=\"pass\",tier=\"Guaranteed\"} 4"
+    ));
     assert!(m.contains("sluice_backend_healthy{backend=\""));
     assert!(m.contains("sluice_tier_state{tier=\"Standard\"} 0"));
 
-    let recent: Value = client().get(s.url("/decisions/recent?limit=2")).send().await.unwrap().json().await.unwrap();
+    let recent: Value = client()
+        .get(s.url("/decisions/recent?limit=2"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let d = recent["decisions"].as_array().unwrap();
     assert_eq!(d.len(), 2);
     assert_eq!(d[0]["path"], "/v1/models", "newest first");
@@ -122,7 +148,10 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
     assert_eq!(d[1]["tenant"], "support-bot");
     assert!(d[1]["overhead_us"].as_f64().unwrap() > 0.0);
     let log = s.log();
-    let line = log.lines().find(|l| l.contains("\"path\":\"/v1/models\"")).expect("a JSON log line per request");
+    let line = log
+        .lines()
+        .find(|l| l.contains("\"path\":\"/v1/models\""))
+        .expect("a JSON log line per request");
     let parsed: Value = serde_json::from_str(line).unwrap();
     assert_eq!(parsed["reason"], "endpoint_not_shapeable");
 }

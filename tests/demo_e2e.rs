@@ -32,14 +32,28 @@ async fn demo_walkthrough() {
     let r = chat("batch-analytics").await.unwrap();
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
-    assert!(body["choices"][0]["message"]["content"].as_str().unwrap().len() > 10);
+    assert!(
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .len()
+            > 10
+    );
 
-    let put = |v: f64| c.put(demo.url("/admin/pressure")).json(&json!({"value": v})).send();
+    let put = |v: f64| {
+        c.put(demo.url("/admin/pressure"))
+            .json(&json!({"value": v}))
+            .send()
+    };
     assert_eq!(put(65.0).await.unwrap().status(), 200);
-    let rejected = wait_for(Duration::from_secs(8), "Best-Effort to be rejected", || async {
-        let r = chat("batch-analytics").await.ok()?;
-        (r.status() == 429).then_some(r)
-    })
+    let rejected = wait_for(
+        Duration::from_secs(8),
+        "Best-Effort to be rejected",
+        || async {
+            let r = chat("batch-analytics").await.ok()?;
+            (r.status() == 429).then_some(r)
+        },
+    )
     .await;
     let body: Value = rejected.json().await.unwrap();
     assert_eq!(body["error"]["type"], "sluice_capacity");
@@ -47,10 +61,14 @@ async fn demo_walkthrough() {
     assert_eq!(chat("support-bot").await.unwrap().status(), 200);
 
     assert_eq!(put(75.0).await.unwrap().status(), 200);
-    let degraded = wait_for(Duration::from_secs(8), "Standard to be degraded", || async {
-        let r = chat("coding-assistant").await.ok()?;
-        (header(&r, "x-sluice-decision") == "degrade").then_some(r)
-    })
+    let degraded = wait_for(
+        Duration::from_secs(8),
+        "Standard to be degraded",
+        || async {
+            let r = chat("coding-assistant").await.ok()?;
+            (header(&r, "x-sluice-decision") == "degrade").then_some(r)
+        },
+    )
     .await;
     let body: Value = degraded.json().await.unwrap();
     assert_eq!(body["usage"]["completion_tokens"], 256);

@@ -150,7 +150,11 @@ async fn admin_endpoints_need_the_admin_token() {
 
 #[tokio::test]
 async fn oversized_and_malformed_bodies() {
-    let od = sim("llama-3-70b", &["--kv-tokens", "100000", "--prefill-us-per-token", "0"]).await;
+    let od = sim(
+        "llama-3-70b",
+        &["--kv-tokens", "100000", "--prefill-us-per-token", "0"],
+    )
+    .await;
     let sp = sim("llama-3-70b", &[]).await;
     let mut cfg = config(&[&od.addr], &[&sp.addr]);
     merge(&mut cfg, json!({"limits": {"max_body_bytes": 300000}}));

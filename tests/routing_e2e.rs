@@ -218,11 +218,16 @@ async fn a_refused_connection_is_retried_on_another_backend() {
     let sp = sim("llama-3-70b", &[]).await;
     let mut cfg = config(&[&a.addr, &b.addr], &[&sp.addr]);
     // Health checks far apart: the dead backend still looks healthy when requests arrive.
-    merge(&mut cfg, json!({"pools": {"on-demand": {"health_check": {"interval_ms": 60000}}}}));
+    merge(
+        &mut cfg,
+        json!({"pools": {"on-demand": {"health_check": {"interval_ms": 60000}}}}),
+    );
     let s = serve(&cfg).await;
     drop(b); // killed: connections to it are refused
     for _ in 0..6 {
-        let r = s.chat("support-bot", chat_body("llama-3-70b", Some(2))).await;
+        let r = s
+            .chat("support-bot", chat_body("llama-3-70b", Some(2)))
+            .await;
         assert_eq!(r.status(), 200, "retried on the live backend");
     }
     assert_eq!(sim_stats(&a).await["received"], 6);
@@ -233,13 +238,19 @@ async fn a_stream_longer_than_the_read_timeout_is_not_cut() {
     let od = sim("llama-3-70b", &["--itl-ms", "100"]).await;
     let sp = sim("llama-3-70b", &[]).await;
     let mut cfg = config(&[&od.addr], &[&sp.addr]);
-    merge(&mut cfg, json!({"limits": {"upstream_read_timeout_ms": 600}}));
+    merge(
+        &mut cfg,
+        json!({"limits": {"upstream_read_timeout_ms": 600}}),
+    );
     let s = serve(&cfg).await;
     let mut body = chat_body("llama-3-70b", Some(15));
     body["stream"] = json!(true);
     let started = Instant::now();
     let r = s.chat("support-bot", body).await;
     let text = r.text().await.unwrap();
-    assert!(started.elapsed() > Duration::from_millis(1200), "the generation outlasted the read timeout");
+    assert!(
+        started.elapsed() > Duration::from_millis(1200),
+        "the generation outlasted the read timeout"
+    );
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
 }

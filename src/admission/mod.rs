@@ -6,24 +6,32 @@
 //! included) has been sent or the client went away — not merely until headers were written.
 
 mod local;
+mod redis;
 
+pub use self::redis::{RedisAdmission, RedisSettings};
 pub use local::LocalAdmission;
 
 use crate::config::Config;
 use pingora::services::ServiceWithDependents;
 use std::sync::Arc;
 
-/// The coordinator the config asks for, with any background services it needs (lease renewal).
-pub fn build(
-    _cfg: &Config,
-) -> Result<
-    (
-        Arc<dyn AdmissionControl>,
-        Vec<Box<dyn ServiceWithDependents>>,
-    ),
-    String,
-> {
-    Ok((Arc::new(LocalAdmission::new()), Vec::new()))
+/// A coordinator and the background services to register with the server.
+pub type Coordinator = (
+    Arc<dyn AdmissionControl>,
+    Vec<Box<dyn ServiceWithDependents>>,
+);
+
+/// The coordinator the config asks for, with any background services it needs: with
+/// `redis_url`, the shared Redis coordinator plus its lease renewal and status refresher;
+/// otherwise the in-process one.
+pub fn build(cfg: &Config) -> Result<Coordinator, String> {
+    let Some(url) = cfg.redis_url.as_deref() else {
+        return Ok((Arc::new(LocalAdmission::new()), Vec::new()));
+    };
+    let settings = RedisSettings::from_config(cfg, url, &crate::server::replica_id());
+    let coordinator = RedisAdmission::new(settings)?;
+    let services = vec![coordinator.background_service()];
+    Ok((Arc::new(coordinator), services))
 }
 
 use crate::policy::{Reason, Tier};

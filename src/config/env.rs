@@ -122,12 +122,33 @@ pub const OVERRIDES: &[(&str, &str, Setter)] = &[
         c.database_url = Some(v.to_string());
         Ok(())
     }),
+    ("SLUICE_LEDGER_SCHEMA", "ledger.schema", |c, v| {
+        c.ledger.schema = v.to_string();
+        Ok(())
+    }),
+    ("SLUICE_SPOOL_DIR", "ledger.spool_dir", |c, v| {
+        c.ledger.spool_dir = v.into();
+        Ok(())
+    }),
     ("SLUICE_REDIS_URL", "redis_url", |c, v| {
         c.redis_url = Some(v.to_string());
         Ok(())
     }),
+    (
+        "SLUICE_REDIS_PREFIX",
+        "coordination.redis_prefix",
+        |c, v| {
+            c.coordination.redis_prefix = v.to_string();
+            Ok(())
+        },
+    ),
     ("SLUICE_PROMETHEUS_URL", "prometheus_url", |c, v| {
         c.prometheus_url = Some(v.to_string());
+        Ok(())
+    }),
+    ("SLUICE_SIGNALS_SOURCE", "signals.source", |c, v| {
+        c.signals.source = super::SignalSource::parse(v)
+            .ok_or_else(|| format!("expected scrape, prometheus or both, got {v:?}"))?;
         Ok(())
     }),
 ];

@@ -36,8 +36,12 @@ pub struct Config {
     pub decisions: DecisionsConfig,
     /// PostgreSQL decision ledger (`SLUICE_DATABASE_URL`).
     pub database_url: Option<String>,
+    /// How the ledger writes, spools and reads; used only when `database_url` is set.
+    pub ledger: LedgerConfig,
     /// Redis admission coordinator (`SLUICE_REDIS_URL`).
     pub redis_url: Option<String>,
+    /// How replicas share admission through Redis; read only when `redis_url` is set.
+    pub coordination: CoordinationConfig,
     /// Prometheus signal source (`SLUICE_PROMETHEUS_URL`).
     pub prometheus_url: Option<String>,
     /// Where the config came from (for messages); not a key.
@@ -67,7 +71,9 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             decisions: DecisionsConfig::default(),
             database_url: None,
+            ledger: LedgerConfig::default(),
             redis_url: None,
+            coordination: CoordinationConfig::default(),
             prometheus_url: None,
             source: String::new(),
             tenants_source: String::new(),
@@ -182,19 +188,117 @@ pub struct FallbackTarget {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SignalsConfig {
+    /// Where pool signals come from (`SLUICE_SIGNALS_SOURCE`). Default `scrape`.
+    pub source: SignalSource,
     /// How often backends' `/metrics` are scraped and the policy state advanced.
     pub scrape_interval_ms: u64,
     pub scrape_timeout_ms: u64,
-    /// A sample older than this is unavailable, never used as if fresh.
+    /// A sample older than this is unavailable, never used as if fresh. For Prometheus the age
+    /// counts from the sample timestamp Prometheus returns.
     pub stale_after_ms: u64,
+    /// How often Prometheus is queried; with `source: prometheus` also the policy's sample
+    /// interval. Default 1000.
+    pub prometheus_poll_ms: u64,
+    /// Bound on each Prometheus query; past it the signal is unavailable. Default 500.
+    pub prometheus_timeout_ms: u64,
+    /// PromQL label matchers that select each pool's vLLM series. Default `pool="on-demand"` and
+    /// `pool="spot"`; an empty spot selector leaves the spot pool unpolled.
+    pub pool_selectors: PoolSelectors,
+    /// The PromQL each pool's signal is read with; `{selector}` is replaced by the pool's
+    /// selector, so `metric{{selector}}` becomes `metric{pool="spot"}`.
+    pub queries: PrometheusQueries,
 }
 
 impl Default for SignalsConfig {
     fn default() -> Self {
         Self {
+            source: SignalSource::default(),
             scrape_interval_ms: 1000,
             scrape_timeout_ms: 500,
             stale_after_ms: 5000,
+            prometheus_poll_ms: 1000,
+            prometheus_timeout_ms: 500,
+            pool_selectors: PoolSelectors::default(),
+            queries: PrometheusQueries::default(),
+        }
+    }
+}
+
+/// `signals.source`. With `both`, a signal Prometheus cannot give (unreachable, empty, stale …)
+/// is taken from the direct scrape, and the scraper alone advances the policy so samples are
+/// not counted twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SignalSource {
+    /// Each backend's `/metrics`, directly (no Prometheus needed).
+    #[default]
+    Scrape,
+    /// Prometheus' query API at `prometheus_url` only.
+    Prometheus,
+    /// Prometheus first, the direct scrape when Prometheus has no usable value.
+    Both,
+}
+
+impl SignalSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SignalSource::Scrape => "scrape",
+            SignalSource::Prometheus => "prometheus",
+            SignalSource::Both => "both",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scrape" => Some(SignalSource::Scrape),
+            "prometheus" => Some(SignalSource::Prometheus),
+            "both" => Some(SignalSource::Both),
+            _ => None,
+        }
+    }
+    /// The direct `/metrics` scraper runs.
+    pub fn scrapes(self) -> bool {
+        self != SignalSource::Prometheus
+    }
+    /// The Prometheus poller runs.
+    pub fn polls_prometheus(self) -> bool {
+        self != SignalSource::Scrape
+    }
+}
+
+/// `signals.pool_selectors`: PromQL label matchers, without braces.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolSelectors {
+    #[serde(rename = "on-demand")]
+    pub on_demand: String,
+    pub spot: String,
+}
+
+impl Default for PoolSelectors {
+    fn default() -> Self {
+        Self {
+            on_demand: r#"pool="on-demand""#.into(),
+            spot: r#"pool="spot""#.into(),
+        }
+    }
+}
+
+/// `signals.queries`: each must return one series (or a scalar).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrometheusQueries {
+    /// KV-cache usage as a 0–1 fraction (Sluice reports it in percent). The default averages
+    /// over engines and backends and reads vLLM ≥ 0.10's name, else the older one.
+    pub kv_usage: String,
+    /// vLLM's waiting requests; the default sums over engines and backends.
+    pub waiting: String,
+}
+
+impl Default for PrometheusQueries {
+    fn default() -> Self {
+        Self {
+            kv_usage: "avg(vllm:kv_cache_usage_perc{{selector}}) or avg(vllm:gpu_cache_usage_perc{{selector}})".into(),
+            waiting: "sum(vllm:num_requests_waiting{{selector}})".into(),
         }
     }
 }
@@ -375,6 +479,83 @@ pub struct DecisionsConfig {
 impl Default for DecisionsConfig {
     fn default() -> Self {
         Self { ring_size: 1000 }
+    }
+}
+
+/// The Redis admission coordinator's knobs (`coordination:`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CoordinationConfig {
+    /// Namespace of every Redis key (`<prefix>:<tier>:slots`, …), so deployments and test runs
+    /// can share one Redis. Default `sluice`; `SLUICE_REDIS_PREFIX` overrides it.
+    pub redis_prefix: String,
+    /// How long a held slot survives without renewal. Replicas renew every `lease_seconds / 3`,
+    /// so the slots of a replica that died return to the pool within `lease_seconds`. Default 5.
+    pub lease_seconds: f64,
+    /// Bound on every Redis call; admission fails open past it, so a hung Redis cannot stall
+    /// requests. Default 250.
+    pub op_timeout_ms: u64,
+}
+
+impl Default for CoordinationConfig {
+    fn default() -> Self {
+        Self {
+            redis_prefix: "sluice".into(),
+            lease_seconds: 5.0,
+            op_timeout_ms: 250,
+        }
+    }
+}
+
+impl CoordinationConfig {
+    pub fn lease_ms(&self) -> u64 {
+        secs_to_ms(self.lease_seconds)
+    }
+}
+
+/// The PostgreSQL decision ledger's knobs (`ledger:`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LedgerConfig {
+    /// How often the writer sends buffered rows to PostgreSQL, in ms. Default 200.
+    pub flush_interval_ms: u64,
+    /// Rows per INSERT; a flush also starts as soon as this many rows are buffered. Default 500.
+    pub batch_rows: usize,
+    /// Rows held in memory while PostgreSQL is slow or down before they spill to the spool.
+    /// Default 10000.
+    pub buffer_rows: usize,
+    /// Directory of the append-only spool (JSON lines) that keeps rows PostgreSQL could not
+    /// take, replayed once it is back. Absolute path. Default `/tmp/sluice-spool`
+    /// (`SLUICE_SPOOL_DIR`).
+    pub spool_dir: PathBuf,
+    /// Disk the spool may use; rows beyond it are dropped, counted and logged.
+    /// Default 268435456 (256 MiB).
+    pub spool_max_bytes: u64,
+    /// Rows older than this are deleted in the background, in small batches. Default 30.
+    pub retention_days: u32,
+    /// The SLA-violation rate fed to the policy is computed over requests completed in this
+    /// many seconds. Default 60.
+    pub sla_window_seconds: u64,
+    /// Also bound the SLA window to the last N completed requests; 0 = no bound. Default 0.
+    pub sla_window_requests: u64,
+    /// PostgreSQL schema holding the ledger's tables, created if missing (`SLUICE_LEDGER_SCHEMA`).
+    /// Default `public`.
+    pub schema: String,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            flush_interval_ms: 200,
+            batch_rows: 500,
+            buffer_rows: 10_000,
+            spool_dir: PathBuf::from("/tmp/sluice-spool"),
+            spool_max_bytes: 256 * 1024 * 1024,
+            retention_days: 30,
+            sla_window_seconds: 60,
+            sla_window_requests: 0,
+            schema: "public".into(),
+        }
     }
 }
 

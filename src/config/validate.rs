@@ -23,6 +23,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     c.server_conf()?;
     pool(file, "pools.on-demand", &c.pools.on_demand, true)?;
     pool(file, "pools.spot", &c.pools.spot, false)?;
+    ledger(c)?;
 
     let mut names = HashSet::new();
     for (i, f) in c.fallbacks.iter().enumerate() {
@@ -96,6 +97,8 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     if c.limits.max_body_bytes == 0 {
         return err("limits.max_body_bytes", "must be > 0".into());
     }
+    coordination(c)?;
+    telemetry(c)?;
 
     for tier in Tier::ALL {
         let t = c.tiers.get(tier);
@@ -175,6 +178,140 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The Redis URL and the `coordination:` knobs. The lease must leave room for three renewal
+/// attempts of at most `op_timeout_ms` each, or a merely slow Redis would expire live slots.
+fn coordination(c: &Config) -> Result<(), ConfigError> {
+    let file = c.source.as_str();
+    let err = |key: &str, reason: String| Err(ConfigError::new(file, key, reason));
+    if let Some(url) = &c.redis_url {
+        if let Err(e) = redis::Client::open(url.as_str()) {
+            return err("redis_url", format!("not a usable Redis URL: {e}"));
+        }
+    }
+    let co = &c.coordination;
+    let prefix = co.redis_prefix.as_str();
+    if prefix.is_empty()
+        || prefix.len() > 128
+        || prefix
+            .chars()
+            .any(|ch| ch.is_whitespace() || ch.is_control())
+    {
+        return err(
+            "coordination.redis_prefix",
+            format!("{prefix:?} must be 1 to 128 characters without whitespace"),
+        );
+    }
+    if co.op_timeout_ms == 0 || co.op_timeout_ms > 10_000 {
+        return err(
+            "coordination.op_timeout_ms",
+            format!("{} is outside 1..=10000", co.op_timeout_ms),
+        );
+    }
+    let lease = co.lease_seconds;
+    if !(lease.is_finite() && lease > 0.0 && lease <= 3600.0) {
+        return err(
+            "coordination.lease_seconds",
+            format!("{lease} is outside (0, 3600]"),
+        );
+    }
+    if co.lease_ms() < 3 * co.op_timeout_ms {
+        return err(
+            "coordination.lease_seconds",
+            format!(
+                "{lease} s is shorter than 3 x coordination.op_timeout_ms ({} ms)",
+                co.op_timeout_ms
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// `prometheus_url` and the Prometheus keys under `signals:`. Checked whatever the source, so a
+/// typo surfaces before someone switches `signals.source` in production.
+fn telemetry(c: &Config) -> Result<(), ConfigError> {
+    let file = c.source.as_str();
+    let err = |key: &str, reason: String| Err(ConfigError::new(file, key, reason));
+    let s = &c.signals;
+    if let Some(url) = &c.prometheus_url {
+        if let Err(reason) = prometheus_url(url) {
+            return err("prometheus_url", reason);
+        }
+    } else if s.source.polls_prometheus() {
+        return err(
+            "signals.source",
+            format!(
+                "{} needs prometheus_url (or SLUICE_PROMETHEUS_URL)",
+                s.source.as_str()
+            ),
+        );
+    }
+    if s.prometheus_poll_ms == 0 {
+        return err("signals.prometheus_poll_ms", "must be > 0".into());
+    }
+    if s.prometheus_timeout_ms == 0 {
+        return err("signals.prometheus_timeout_ms", "must be > 0".into());
+    }
+    if s.source.polls_prometheus() && s.stale_after_ms <= s.prometheus_poll_ms {
+        return err(
+            "signals.stale_after_ms",
+            "must be larger than prometheus_poll_ms".into(),
+        );
+    }
+    for (key, sel, required) in [
+        (
+            "signals.pool_selectors.on-demand",
+            &s.pool_selectors.on_demand,
+            true,
+        ),
+        ("signals.pool_selectors.spot", &s.pool_selectors.spot, false),
+    ] {
+        if required && sel.trim().is_empty() {
+            return err(
+                key,
+                "must select the pool's series, e.g. pool=\"on-demand\"".into(),
+            );
+        }
+        if sel.contains(['{', '}', '\n']) {
+            return err(
+                key,
+                format!("{sel:?}: give the label matchers without braces, e.g. pool=\"spot\""),
+            );
+        }
+    }
+    for (key, q) in [
+        ("signals.queries.kv_usage", &s.queries.kv_usage),
+        ("signals.queries.waiting", &s.queries.waiting),
+    ] {
+        if !q.contains("{selector}") {
+            return err(
+                key,
+                "must contain the {selector} placeholder, or both pools read the same series"
+                    .into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `http://host[:port][/path-prefix]`. Plain HTTP only: Sluice is built without TLS.
+fn prometheus_url(url: &str) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!(
+            "{url:?} must start with http:// (Sluice is built without TLS)"
+        ));
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("{url:?} must not have a query string"));
+    }
+    Ok(())
+}
+
 fn pool(file: &str, base: &str, p: &PoolConfig, required: bool) -> Result<(), ConfigError> {
     if required && p.backends.is_empty() {
         return Err(ConfigError::new(
@@ -238,4 +375,77 @@ pub fn backend_of_url(url: &str) -> Result<String, String> {
     }
     host_port(hostport)?;
     Ok(hostport.to_string())
+}
+
+/// `database_url` and the `ledger:` knobs. The schema becomes an unquoted identifier in SQL and
+/// in the connection's `search_path`, so it is held to plain lower-case identifier characters.
+fn ledger(c: &Config) -> Result<(), ConfigError> {
+    let file = c.source.as_str();
+    let err = |key: &str, reason: String| Err(ConfigError::new(file, key, reason));
+    if let Some(url) = &c.database_url {
+        if let Err(e) = url.parse::<postgres::Config>() {
+            return err("database_url", format!("not a usable PostgreSQL URL: {e}"));
+        }
+    }
+    let l = &c.ledger;
+    if l.flush_interval_ms == 0 || l.flush_interval_ms > 60_000 {
+        return err(
+            "ledger.flush_interval_ms",
+            format!("{} is outside 1..=60000", l.flush_interval_ms),
+        );
+    }
+    if l.buffer_rows == 0 {
+        return err("ledger.buffer_rows", "must be at least 1".into());
+    }
+    if l.batch_rows == 0 || l.batch_rows > l.buffer_rows {
+        return err(
+            "ledger.batch_rows",
+            format!(
+                "{} is outside 1..=ledger.buffer_rows ({})",
+                l.batch_rows, l.buffer_rows
+            ),
+        );
+    }
+    if !l.spool_dir.is_absolute() {
+        return err(
+            "ledger.spool_dir",
+            format!(
+                "{:?} must be an absolute path (a daemon runs from /)",
+                l.spool_dir
+            ),
+        );
+    }
+    if l.spool_max_bytes < 64 * 1024 {
+        return err(
+            "ledger.spool_max_bytes",
+            format!("{} is below the minimum of 65536", l.spool_max_bytes),
+        );
+    }
+    if l.retention_days == 0 {
+        return err("ledger.retention_days", "must be at least 1".into());
+    }
+    if l.sla_window_seconds == 0 || l.sla_window_seconds > 86_400 {
+        return err(
+            "ledger.sla_window_seconds",
+            format!("{} is outside 1..=86400", l.sla_window_seconds),
+        );
+    }
+    let schema = l.schema.as_str();
+    let ident = schema.len() <= 63
+        && schema
+            .chars()
+            .next()
+            .is_some_and(|ch| ch.is_ascii_lowercase() || ch == '_')
+        && schema
+            .chars()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_');
+    if !ident || schema.starts_with("pg_") {
+        return err(
+            "ledger.schema",
+            format!(
+                "{schema:?} must be 1 to 63 of a-z, 0-9 and _, not starting with a digit or pg_"
+            ),
+        );
+    }
+    Ok(())
 }

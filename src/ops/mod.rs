@@ -1,5 +1,6 @@
 //! Operational endpoints served on the proxy listener by Sluice itself: probes, metrics, status,
-//! recent decisions, and the admin signal overrides. They never reach a backend.
+//! recent decisions, the `/dashboard` page, and the admin signal overrides. They never reach a
+//! backend.
 
 mod admin;
 mod status;
@@ -18,7 +19,12 @@ const PATHS: &[&str] = &[
     "/metrics",
     "/status",
     "/decisions/recent",
+    "/dashboard",
 ];
+
+/// Self-contained (inline CSS and JS, no external resources) so it works offline and inside a
+/// cluster without egress; it polls `/status` and `/decisions/recent` every second.
+const DASHBOARD: &str = include_str!("dashboard.html");
 
 pub fn is_ops_path(path: &str) -> bool {
     PATHS.contains(&path) || path.starts_with("/admin/")
@@ -54,6 +60,10 @@ pub async fn handle(app: &App, session: &mut Session, ctx: &mut Ctx) -> Result<(
             send(session, ctx, 200, "text/plain; version=0.0.4", body, &[]).await
         }
         "/status" => send_json(session, ctx, 200, &status::status(app), &[]).await,
+        "/dashboard" => {
+            let body = Bytes::from_static(DASHBOARD.as_bytes());
+            send(session, ctx, 200, "text/html; charset=utf-8", body, &[]).await
+        }
         "/decisions/recent" => {
             let query = session.req_header().uri.query().unwrap_or("").to_string();
             send_json(session, ctx, 200, &status::recent(app, &query).await, &[]).await

@@ -2,6 +2,7 @@
 
 use super::query_param;
 use crate::decisions::RecentFilter;
+use crate::policy::pressure::{Threshold, Thresholds};
 use crate::policy::{SignalKind, Tier};
 use crate::proxy::App;
 use crate::signals::hub::SignalPool;
@@ -52,6 +53,7 @@ pub fn status(app: &App) -> Value {
                 "sla_target_ms": r.sla_target_ms,
                 "max_tokens_cap": r.max_tokens_cap,
                 "pool": r.preferred_pool.as_str(),
+                "thresholds": thresholds(&r.thresholds),
             })
         })
         .collect();
@@ -69,6 +71,7 @@ pub fn status(app: &App) -> Value {
         "signals": signals,
         "tiers": tiers,
         "spot_state": state.spot_state.as_str(),
+        "spot_eviction": thresholds(&rules.spot_eviction),
         "fallback": {
             "active": state.fallback_active,
             "target": fallback.map(|h| h.name.clone()),
@@ -77,7 +80,60 @@ pub fn status(app: &App) -> Value {
         "pools": pools,
         "admission": app.admission.health(),
         "ledger": app.sinks.iter().map(|s| s.status()).collect::<Vec<_>>(),
+        "telemetry": telemetry(app, now),
+        "dependencies": dependencies(app, now)
+            .into_iter()
+            .map(|(name, up)| (name.to_string(), json!(up)))
+            .collect::<serde_json::Map<_, _>>(),
     })
+}
+
+fn thresholds(t: &Thresholds) -> Value {
+    let one = |t: Threshold| json!({"elevated_at": t.elevated_at, "critical_at": t.critical_at});
+    json!({
+        "pressure": one(t.pressure),
+        "queue_depth": one(t.queue_depth),
+        "sla_violation_rate": one(t.sla_violation_rate),
+    })
+}
+
+/// Which source feeds the signals, and the Prometheus poller's last round when it runs.
+fn telemetry(app: &App, now: u64) -> Value {
+    json!({
+        "source": app.hub.source(),
+        "prometheus": app
+            .hub
+            .prometheus_health()
+            .map(|h| h.to_json(now, app.hub.stale_after_ms())),
+    })
+}
+
+/// Each configured external dependency and whether it is healthy right now. The in-process
+/// coordinator and the in-memory ring are not dependencies, so they are not listed.
+fn dependencies(app: &App, now: u64) -> Vec<(&'static str, bool)> {
+    let mut deps = Vec::new();
+    // A sink reports health under one of these keys; the first present one counts.
+    let healthy = |v: &Value| {
+        ["healthy", "connected", "reachable", "up"]
+            .iter()
+            .find_map(|k| v.get(*k).and_then(Value::as_bool))
+    };
+    if !app.sinks.is_empty() {
+        let statuses: Vec<Option<bool>> = app.sinks.iter().map(|s| healthy(&s.status())).collect();
+        if statuses.iter().any(Option::is_some) {
+            let up = statuses.iter().all(|s| s.unwrap_or(true));
+            deps.push(("ledger", up));
+        }
+    }
+    if app.admission.kind() != "local" {
+        if let Some(up) = healthy(&app.admission.health()) {
+            deps.push(("coordinator", up));
+        }
+    }
+    if let Some(h) = app.hub.prometheus_health() {
+        deps.push(("prometheus", h.up(now, app.hub.stale_after_ms())));
+    }
+    deps
 }
 
 const MAX_RECENT: usize = 1000;
@@ -119,6 +175,9 @@ pub fn refresh_gauges(app: &App) {
     for (pool, name) in POOLS {
         for kind in SIGNALS {
             let r = app.hub.reading(pool, kind, now);
+            m.signal_available
+                .with_label_values(&[name, kind.as_str()])
+                .set(i64::from(r.value.is_some()));
             match r.value {
                 Some(v) => {
                     m.signal_value
@@ -152,6 +211,36 @@ pub fn refresh_gauges(app: &App) {
             .set(i64::from(rules.tier(t).inflight_capacity));
     }
     m.fallback_active.set(i64::from(state.fallback_active));
+    m.spot_state.set(state.spot_state.level());
+    for t in Tier::ALL {
+        let r = rules.tier(t);
+        m.sla_target
+            .with_label_values(&[t.as_str()])
+            .set(r.sla_target_ms as f64 / 1000.0);
+        let th = &r.thresholds;
+        for (signal, threshold) in [
+            (SignalKind::Pressure, th.pressure),
+            (SignalKind::QueueDepth, th.queue_depth),
+            (SignalKind::SlaViolationRate, th.sla_violation_rate),
+        ] {
+            for (level, at) in [
+                ("elevated", threshold.elevated_at),
+                ("critical", threshold.critical_at),
+            ] {
+                let labels = [t.as_str(), signal.as_str(), level];
+                match at {
+                    Some(v) => m.tier_threshold.with_label_values(&labels).set(v),
+                    // Hot reload can disable a step: drop its series rather than leave it stale.
+                    None => {
+                        let _ = m.tier_threshold.remove_label_values(&labels);
+                    }
+                }
+            }
+        }
+    }
+    for (dep, up) in dependencies(app, now) {
+        m.dependency_up.with_label_values(&[dep]).set(i64::from(up));
+    }
     for h in app.pools.all() {
         for b in app.pools.status(h).backends {
             m.backend_healthy

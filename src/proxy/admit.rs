@@ -19,6 +19,9 @@ pub const PREREAD_MAX: usize = 64 * 1024;
 const FIRST_CHECKS_WAIT: Duration = Duration::from_secs(2);
 
 static REQUEST_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Process start (unix ms): generated ids stay unique across restarts of a pod whose name and
+/// pid repeat (pid 1 in a container), so the ledger's idempotence key never merges two requests.
+static BOOT_MS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
 /// An answer Sluice gives instead of proxying.
 struct Refusal {
@@ -143,8 +146,13 @@ fn request_id(app: &App, session: &Session) -> String {
             id.to_string()
         }
         _ => format!(
-            "{}-{:08x}",
+            "{}-{:x}-{:06x}",
             app.replica,
+            BOOT_MS.get_or_init(|| {
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64)
+            }),
             REQUEST_SEQ.fetch_add(1, Ordering::Relaxed)
         ),
     }

@@ -1,10 +1,11 @@
 //! The meeting point of background samplers, admin overrides and the request path.
 
+use super::prometheus::PrometheusHealth;
 use crate::policy::tenant_policy::PolicyRules;
 use crate::policy::{Millis, PolicyEngine, PolicyState, PoolSignals, SignalKind};
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use serde::Serialize;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// The monotonic clock the policy's `now` comes from.
@@ -85,7 +86,7 @@ impl ScrapeRound {
 pub struct SignalReading {
     pub value: Option<f64>,
     pub age_ms: Option<u64>,
-    /// `scrape`, `admin`, or `none`.
+    /// `scrape`, `prometheus`, `ledger`, `admin`, or `none`.
     pub source: &'static str,
     /// Why the value is unavailable, when it is.
     pub unavailable: Option<String>,
@@ -94,6 +95,15 @@ pub struct SignalReading {
 #[derive(Debug, Clone, Copy, Default)]
 struct Overrides {
     values: [Option<(f64, Millis)>; 3],
+}
+
+/// What Prometheus answered for one signal. The sample may already have been old when it
+/// arrived, so its age is `age_at_receipt` plus the time since `received`.
+#[derive(Debug, Clone)]
+struct Polled {
+    received: Millis,
+    age_at_receipt: Millis,
+    value: Result<f64, String>,
 }
 
 /// A value computed elsewhere (the ledger's SLA-violation rate): value or why it is missing.
@@ -107,6 +117,8 @@ struct PoolCell {
     scraped: ArcSwap<Option<ScrapeRound>>,
     overrides: Mutex<Overrides>,
     external: Mutex<[Option<External>; 3]>,
+    /// The Prometheus poller's latest answer per signal.
+    polled: Mutex<[Option<Polled>; 3]>,
 }
 
 pub struct SignalHub {
@@ -115,6 +127,9 @@ pub struct SignalHub {
     pools: [PoolCell; 2],
     engine: Mutex<PolicyEngine>,
     state: ArcSwap<PolicyState>,
+    prometheus: ArcSwapOption<PrometheusHealth>,
+    /// The `signals.source` the samplers were started with (a reload cannot change it).
+    source: OnceLock<&'static str>,
 }
 
 fn kind_index(kind: SignalKind) -> usize {
@@ -131,6 +146,7 @@ impl SignalHub {
             scraped: ArcSwap::from_pointee(None),
             overrides: Mutex::new(Overrides::default()),
             external: Mutex::new([None, None, None]),
+            polled: Mutex::new([None, None, None]),
         };
         Self {
             clock,
@@ -138,6 +154,8 @@ impl SignalHub {
             pools: [cell(), cell()],
             engine: Mutex::new(PolicyEngine::new(rules)),
             state: ArcSwap::from_pointee(PolicyState::initial()),
+            prometheus: ArcSwapOption::empty(),
+            source: OnceLock::new(),
         }
     }
 
@@ -203,6 +221,64 @@ impl SignalHub {
         ext[kind_index(kind)].clone()
     }
 
+    /// Records what Prometheus answered for one signal: the value with the age of the sample
+    /// itself (so a value Prometheus has held for a while is aged correctly), or why there is
+    /// none. Preferred over the direct scrape while fresh.
+    pub fn record_polled(
+        &self,
+        pool: SignalPool,
+        kind: SignalKind,
+        value: Result<(f64, Millis), String>,
+    ) {
+        let (age_at_receipt, value) = match value {
+            Ok((v, age)) => (age, Ok(v)),
+            Err(e) => (0, Err(e)),
+        };
+        let entry = Polled {
+            received: self.clock.now_ms(),
+            age_at_receipt,
+            value,
+        };
+        let mut polled = self.pools[pool.index()]
+            .polled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        polled[kind_index(kind)] = Some(entry);
+    }
+
+    fn polled(&self, pool: SignalPool, kind: SignalKind) -> Option<Polled> {
+        let polled = self.pools[pool.index()]
+            .polled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        polled[kind_index(kind)].clone()
+    }
+
+    pub fn set_prometheus_health(&self, health: PrometheusHealth) {
+        self.prometheus.store(Some(Arc::new(health)));
+    }
+
+    /// The Prometheus poller's last round, when it runs.
+    pub fn prometheus_health(&self) -> Option<Arc<PrometheusHealth>> {
+        self.prometheus.load_full()
+    }
+
+    /// Records which `signals.source` runs; the first call wins, as the samplers are started once.
+    pub fn set_source(&self, source: &'static str) {
+        let _ = self.source.set(source);
+    }
+
+    /// The `signals.source` that runs (`scrape` unless set).
+    pub fn source(&self) -> &'static str {
+        self.source.get().copied().unwrap_or("scrape")
+    }
+
+    pub fn stale_after_ms(&self) -> Millis {
+        self.stale_after_ms
+    }
+
+    /// Precedence: admin override > external (ledger) > Prometheus > direct scrape. A source
+    /// that has no fresh value is skipped, and the reading says why each one failed.
     pub fn reading(&self, pool: SignalPool, kind: SignalKind, now: Millis) -> SignalReading {
         if let Some((v, at)) = self.overrides(pool).values[kind_index(kind)] {
             return SignalReading {
@@ -233,6 +309,39 @@ impl SignalHub {
                 Err(e) => unavailable(e),
             };
         }
+        let Some(polled) = self.polled(pool, kind) else {
+            return self.scraped_reading(pool, kind, now);
+        };
+        let age = now.saturating_sub(polled.received) + polled.age_at_receipt;
+        let why = match polled.value {
+            Ok(v) if age <= self.stale_after_ms => {
+                return SignalReading {
+                    value: Some(v),
+                    age_ms: Some(age),
+                    source: "prometheus",
+                    unavailable: None,
+                }
+            }
+            Ok(_) => format!("prometheus: stale: sample is {age} ms old"),
+            Err(e) => format!("prometheus: {e}"),
+        };
+        if self.pools[pool.index()].scraped.load().is_none() {
+            return unavailable(why);
+        }
+        let scraped = self.scraped_reading(pool, kind, now);
+        match scraped.unavailable {
+            None => scraped,
+            Some(s) => unavailable(format!("{why}; scrape: {s}")),
+        }
+    }
+
+    fn scraped_reading(&self, pool: SignalPool, kind: SignalKind, now: Millis) -> SignalReading {
+        let unavailable = |why: String| SignalReading {
+            value: None,
+            age_ms: None,
+            source: "none",
+            unavailable: Some(why),
+        };
         let round = self.pools[pool.index()].scraped.load();
         let Some(round) = round.as_ref() else {
             return unavailable(match kind {
@@ -316,6 +425,58 @@ mod tests {
         let r = hub.reading(SignalPool::OnDemand, SignalKind::QueueDepth, later);
         assert_eq!(r.value, None);
         assert!(r.unavailable.unwrap().starts_with("stale"));
+    }
+
+    #[test]
+    fn prometheus_wins_while_fresh_and_the_scrape_stands_in() {
+        let hub = SignalHub::new(Clock::new(), 1000, PolicyRules::default());
+        let pool = SignalPool::OnDemand;
+        let kv = |v| {
+            vec![BackendScrape {
+                backend: "a".into(),
+                kv_usage: Some(v),
+                waiting: None,
+                error: None,
+            }]
+        };
+        hub.record_scrape(pool, ScrapeRound::aggregate(hub.clock().now_ms(), kv(0.4)));
+        hub.record_polled(pool, SignalKind::Pressure, Ok((75.0, 10)));
+        let now = hub.clock().now_ms();
+        let r = hub.reading(pool, SignalKind::Pressure, now);
+        assert_eq!((r.value, r.source), (Some(75.0), "prometheus"));
+        assert!(r.age_ms.unwrap() >= 10, "the sample's own age counts");
+
+        hub.record_polled(pool, SignalKind::Pressure, Err("unreachable".into()));
+        let r = hub.reading(pool, SignalKind::Pressure, now);
+        assert_eq!((r.value, r.source), (Some(40.0), "scrape"));
+
+        hub.record_polled(pool, SignalKind::Pressure, Ok((75.0, 5000)));
+        let r = hub.reading(pool, SignalKind::Pressure, now);
+        assert_eq!(
+            (r.value, r.source),
+            (Some(40.0), "scrape"),
+            "stale is skipped"
+        );
+
+        let later = now + 2000;
+        let why = hub
+            .reading(pool, SignalKind::Pressure, later)
+            .unavailable
+            .unwrap();
+        assert!(
+            why.starts_with("prometheus: stale: sample is 7") && why.contains("; scrape: stale"),
+            "{why}"
+        );
+
+        hub.set_override(pool, SignalKind::Pressure, Some(10.0));
+        let r = hub.reading(pool, SignalKind::Pressure, later);
+        assert_eq!((r.value, r.source), (Some(10.0), "admin"));
+
+        // Prometheus alone (no scrape ever): only its reason.
+        let spot = SignalPool::Spot;
+        hub.record_polled(spot, SignalKind::QueueDepth, Err("value is NaN".into()));
+        let r = hub.reading(spot, SignalKind::QueueDepth, later);
+        assert_eq!(r.unavailable.as_deref(), Some("prometheus: value is NaN"));
     }
 
     #[test]

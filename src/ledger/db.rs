@@ -1,0 +1,311 @@
+//! Everything the ledger says to PostgreSQL, all of it synchronous (`postgres` over `r2d2`):
+//! callers run it on a blocking thread, never on a tokio worker.
+//!
+//! Two pools, so a slow write never delays a read and the reads can fail fast: the writer's
+//! (and retention's) connections allow long statements, the read pool's (`/decisions/recent`,
+//! the SLA window) give up after [`READ_STATEMENT_TIMEOUT_MS`] so `/decisions/recent` falls back
+//! to the ring and the policy sees the signal as unavailable instead of waiting. A sync
+//! `postgres::Client` carries its own small runtime, so one pool can be shared by services that
+//! run on different Pingora runtimes.
+
+use super::batch::{decision_column_list, insert_decisions_sql, Batch, INSERT_QUEUE_EVENTS_SQL};
+use super::row::{LedgerRow, SignalsRow};
+use crate::decisions::RecentFilter;
+use postgres::types::ToSql;
+use postgres::NoTls;
+use r2d2_postgres::PostgresConnectionManager;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+
+/// A write waiting this long (a lock held elsewhere) fails and the rows are retried or spooled.
+pub const WRITE_STATEMENT_TIMEOUT_MS: u64 = 15_000;
+pub const READ_STATEMENT_TIMEOUT_MS: u64 = 2_000;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a read waits for a pooled connection before answering "unreachable".
+const READ_CHECKOUT: Duration = Duration::from_millis(800);
+/// `/decisions/recent` never returns more than this.
+pub const MAX_RECENT: usize = 1000;
+
+/// Why an INSERT did not commit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InsertError {
+    /// PostgreSQL could not be reached or did not answer in time: retry later, spool meanwhile.
+    Unavailable(String),
+    /// PostgreSQL refused the data itself (SQLSTATE class 22 data exception, 23 integrity, 54
+    /// limit exceeded): retrying the same batch would fail forever.
+    Rejected(String),
+}
+
+impl std::fmt::Display for InsertError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InsertError::Unavailable(e) | InsertError::Rejected(e) => f.write_str(e),
+        }
+    }
+}
+
+fn insert_error(e: postgres::Error) -> InsertError {
+    let rejected = e.code().is_some_and(|c| {
+        ["22", "23", "54"]
+            .iter()
+            .any(|class| c.code().starts_with(class))
+    });
+    if rejected {
+        InsertError::Rejected(e.to_string())
+    } else {
+        InsertError::Unavailable(e.to_string())
+    }
+}
+
+/// Completed proxied requests in the SLA window, per tier and in total.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SlaWindow {
+    pub completed: u64,
+    pub violated: u64,
+    /// tier → (completed, violated)
+    pub per_tier: BTreeMap<String, (u64, u64)>,
+}
+
+impl SlaWindow {
+    /// Violations among completed requests; an idle window has violated nothing.
+    pub fn rate(&self) -> f64 {
+        if self.completed == 0 {
+            0.0
+        } else {
+            self.violated as f64 / self.completed as f64
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Db {
+    write: PgPool,
+    read: PgPool,
+    schema: String,
+    insert_sql: String,
+    identity: String,
+}
+
+fn pool(base: &postgres::Config, schema: &str, statement_timeout_ms: u64, max_size: u32) -> PgPool {
+    let mut cfg = base.clone();
+    let options = format!(
+        "{} -c search_path={schema} -c statement_timeout={statement_timeout_ms}",
+        base.get_options().unwrap_or("")
+    );
+    cfg.options(options.trim())
+        .connect_timeout(CONNECT_TIMEOUT)
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3);
+    if cfg.get_application_name().is_none() {
+        cfg.application_name("sluice-ledger");
+    }
+    // Connections are made on first use, not here: the proxy must start while PostgreSQL is
+    // down. Errors are reported by the ledger itself (as JSON lines), not by r2d2's logger.
+    r2d2::Pool::builder()
+        .max_size(max_size)
+        .min_idle(Some(0))
+        .connection_timeout(CONNECT_TIMEOUT)
+        .error_handler(Box::new(r2d2::NopErrorHandler))
+        .build_unchecked(PostgresConnectionManager::new(cfg, NoTls))
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl Db {
+    /// Parses the URL and prepares the pools without connecting. `schema` must be validated.
+    pub fn new(url: &str, schema: &str) -> Result<Db, String> {
+        let base: postgres::Config = url
+            .parse()
+            .map_err(|e| format!("database_url is not a usable PostgreSQL URL: {e}"))?;
+        let identity = format!(
+            "{:?}|{:?}|{:?}|{:?}|{schema}",
+            base.get_hosts(),
+            base.get_ports(),
+            base.get_dbname(),
+            base.get_user()
+        );
+        Ok(Db {
+            write: pool(&base, schema, WRITE_STATEMENT_TIMEOUT_MS, 2),
+            read: pool(&base, schema, READ_STATEMENT_TIMEOUT_MS, 4),
+            schema: schema.to_string(),
+            insert_sql: insert_decisions_sql(),
+            identity,
+        })
+    }
+
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// A short stable name for this database and schema, for the spool's file names.
+    pub fn fingerprint(&self) -> String {
+        let digest = Sha256::digest(self.identity.as_bytes());
+        digest[..4].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn migrate(&self) -> Result<Vec<i32>, String> {
+        let mut c = self.write.get().map_err(err)?;
+        super::migrate::run(&mut c, &self.schema).map_err(err)
+    }
+
+    /// Inserts a batch and its queue events in one transaction; returns the rows that were new
+    /// (a replayed row already present is skipped).
+    pub fn insert(&self, rows: &[LedgerRow]) -> Result<u64, InsertError> {
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let mut c = self
+            .write
+            .get()
+            .map_err(|e| InsertError::Unavailable(e.to_string()))?;
+        let batch = Batch::build(rows);
+        let mut tx = c.transaction().map_err(insert_error)?;
+        let n = tx
+            .execute(self.insert_sql.as_str(), &batch.decision_params())
+            .map_err(insert_error)?;
+        if batch.queue_event_count() > 0 {
+            tx.execute(INSERT_QUEUE_EVENTS_SQL, &batch.queue_event_params())
+                .map_err(insert_error)?;
+        }
+        tx.commit().map_err(insert_error)?;
+        Ok(n)
+    }
+
+    /// `/decisions/recent`: newest first, the filters that are set, at most [`MAX_RECENT`].
+    pub fn recent(&self, f: &RecentFilter) -> Result<Vec<serde_json::Value>, String> {
+        let since = f.since_ms.map(|s| i64::try_from(s).unwrap_or(i64::MAX));
+        let limit = f.limit.min(MAX_RECENT) as i64;
+        let mut conds = Vec::new();
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::new();
+        for (column, value) in [
+            ("tenant", f.tenant.as_ref()),
+            ("tier", f.tier.as_ref()),
+            ("decision", f.decision.as_ref()),
+        ] {
+            if let Some(v) = value {
+                params.push(v);
+                conds.push(format!("{column} = ${}", params.len()));
+            }
+        }
+        if let Some(s) = &since {
+            params.push(s);
+            conds.push(format!("received_at_ms >= ${}", params.len()));
+        }
+        params.push(&limit);
+        let filter = if conds.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conds.join(" AND "))
+        };
+        let sql = format!(
+            "SELECT {} FROM decisions {filter} ORDER BY received_at_ms DESC, request_id DESC LIMIT ${}",
+            decision_column_list(),
+            params.len()
+        );
+        let mut c = self.read.get_timeout(READ_CHECKOUT).map_err(err)?;
+        let rows = c.query(sql.as_str(), &params).map_err(err)?;
+        rows.iter()
+            .map(|r| {
+                let row = row_of(r).map_err(err)?;
+                serde_json::to_value(row).map_err(err)
+            })
+            .collect()
+    }
+
+    /// Completed proxied requests (`sla_violated` set) that finished at or after `since_ms`,
+    /// at most the newest `last_n` of them.
+    pub fn sla_window(&self, since_ms: u64, last_n: Option<u64>) -> Result<SlaWindow, String> {
+        let since = i64::try_from(since_ms).unwrap_or(i64::MAX);
+        let limit = last_n.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        let mut c = self.read.get_timeout(READ_CHECKOUT).map_err(err)?;
+        let rows = c
+            .query(
+                "SELECT tier, count(*), count(*) FILTER (WHERE sla_violated)
+                 FROM (SELECT tier, sla_violated FROM decisions
+                       WHERE sla_violated IS NOT NULL AND completed_at_ms >= $1
+                       ORDER BY completed_at_ms DESC LIMIT $2) w
+                 GROUP BY tier",
+                &[&since, &limit],
+            )
+            .map_err(err)?;
+        let mut w = SlaWindow::default();
+        for r in rows {
+            let tier: String = r.try_get(0).map_err(err)?;
+            let completed = r.try_get::<_, i64>(1).map_err(err)?.max(0) as u64;
+            let violated = r.try_get::<_, i64>(2).map_err(err)?.max(0) as u64;
+            w.completed += completed;
+            w.violated += violated;
+            w.per_tier.insert(tier, (completed, violated));
+        }
+        Ok(w)
+    }
+
+    /// Deletes at most `batch` decision rows (and at most `batch` queue events) received before
+    /// `cutoff_ms`; returns how many were deleted. Small batches keep each transaction short,
+    /// so retention never holds up the writer.
+    pub fn delete_older_than(&self, cutoff_ms: u64, batch: i64) -> Result<u64, String> {
+        let cutoff = i64::try_from(cutoff_ms).unwrap_or(i64::MAX);
+        let mut c = self.write.get().map_err(err)?;
+        let mut deleted = 0;
+        for table in ["decisions", "queue_events"] {
+            deleted += c
+                .execute(
+                    format!(
+                        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(
+                             SELECT ctid FROM {table} WHERE received_at_ms < $1 LIMIT $2))"
+                    )
+                    .as_str(),
+                    &[&cutoff, &batch],
+                )
+                .map_err(err)?;
+        }
+        Ok(deleted)
+    }
+}
+
+fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
+    let u64_of = |v: Option<i64>| v.map(|v| v.max(0) as u64);
+    Ok(LedgerRow {
+        request_id: r.try_get("request_id")?,
+        received_at_ms: r.try_get::<_, i64>("received_at_ms")?.max(0) as u64,
+        replica: r.try_get("replica")?,
+        tenant: r.try_get("tenant")?,
+        tier: r.try_get("tier")?,
+        method: r.try_get("method")?,
+        path: r.try_get("path")?,
+        decision: r.try_get("decision")?,
+        reason: r.try_get("reason")?,
+        state: r.try_get("state")?,
+        pool: r.try_get("pool")?,
+        route_reason: r.try_get("route_reason")?,
+        backend: r.try_get("backend")?,
+        requested_model: r.try_get("requested_model")?,
+        routed_model: r.try_get("routed_model")?,
+        requested_max_tokens: r.try_get("requested_max_tokens")?,
+        applied_max_tokens: r.try_get("applied_max_tokens")?,
+        stream: r.try_get("stream")?,
+        queue_wait_ms: r.try_get("queue_wait_ms")?,
+        status: u16::try_from(r.try_get::<_, i32>("status")?).unwrap_or(0),
+        latency_ms: r.try_get("latency_ms")?,
+        ttfb_ms: r.try_get("ttfb_ms")?,
+        overhead_us: r.try_get("overhead_us")?,
+        prompt_tokens: u64_of(r.try_get("prompt_tokens")?),
+        completion_tokens: u64_of(r.try_get("completion_tokens")?),
+        sla_target_ms: u64_of(r.try_get("sla_target_ms")?),
+        sla_violated: r.try_get("sla_violated")?,
+        signals: SignalsRow {
+            pressure: r.try_get("signal_pressure")?,
+            queue_depth: r.try_get("signal_queue_depth")?,
+            sla_violation_rate: r.try_get("signal_sla_violation_rate")?,
+        },
+        queue_outcome: r.try_get("queue_outcome")?,
+        error: r.try_get("error")?,
+    })
+}

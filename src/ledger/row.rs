@@ -1,0 +1,254 @@
+//! The ledger's own copy of a [`DecisionRecord`]: owned strings, so it can be written to the
+//! spool as a JSON line and read back, and serialised with exactly the record's field names so
+//! `/decisions/recent` answers the same shape from PostgreSQL as from the in-memory ring.
+
+use crate::decisions::DecisionRecord;
+use serde::{Deserialize, Serialize};
+
+/// The signals a decision was made on (mirrors [`crate::decisions::SignalsUsed`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SignalsRow {
+    pub pressure: Option<f64>,
+    pub queue_depth: Option<f64>,
+    pub sla_violation_rate: Option<f64>,
+}
+
+/// One decision row. Field order and names follow [`DecisionRecord`]; `#[serde(default)]` lets a
+/// spool written by an older build (fewer fields) still be replayed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LedgerRow {
+    pub request_id: String,
+    pub received_at_ms: u64,
+    pub replica: String,
+    pub tenant: String,
+    pub tier: String,
+    pub method: String,
+    pub path: String,
+    pub decision: String,
+    pub reason: String,
+    pub state: String,
+    pub pool: Option<String>,
+    pub route_reason: Option<String>,
+    pub backend: Option<String>,
+    pub requested_model: Option<String>,
+    pub routed_model: Option<String>,
+    pub requested_max_tokens: Option<i64>,
+    pub applied_max_tokens: Option<i64>,
+    pub stream: bool,
+    pub queue_wait_ms: Option<f64>,
+    pub status: u16,
+    pub latency_ms: f64,
+    pub ttfb_ms: Option<f64>,
+    pub overhead_us: Option<f64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub sla_target_ms: Option<u64>,
+    pub sla_violated: Option<bool>,
+    pub signals: SignalsRow,
+    pub queue_outcome: Option<String>,
+    pub error: Option<String>,
+}
+
+/// A queue lifecycle event derived from a row (`queue_queued`, `queue_released`,
+/// `queue_timed_out`, `queue_dropped`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueEvent {
+    pub event: &'static str,
+    /// Unix ms when it happened: arrival for `queue_queued` and `queue_dropped`, arrival plus the
+    /// wait for the end of a wait.
+    pub at_ms: u64,
+    pub wait_ms: Option<f64>,
+}
+
+/// PostgreSQL text cannot hold NUL, and a client can put one in a JSON string (the model name):
+/// left in, that row would fail its batch on every retry.
+fn text(s: &str) -> String {
+    if s.contains('\0') {
+        s.replace('\0', "\u{FFFD}")
+    } else {
+        s.to_string()
+    }
+}
+
+fn opt_text(s: Option<&str>) -> Option<String> {
+    s.map(text)
+}
+
+impl From<&DecisionRecord> for LedgerRow {
+    fn from(r: &DecisionRecord) -> Self {
+        LedgerRow {
+            request_id: text(&r.request_id),
+            received_at_ms: r.received_at_ms,
+            replica: text(&r.replica),
+            tenant: text(&r.tenant),
+            tier: text(&r.tier),
+            method: text(&r.method),
+            path: text(&r.path),
+            decision: r.decision.to_string(),
+            reason: r.reason.to_string(),
+            state: r.state.to_string(),
+            pool: r.pool.map(str::to_string),
+            route_reason: r.route_reason.map(str::to_string),
+            backend: opt_text(r.backend.as_deref()),
+            requested_model: opt_text(r.requested_model.as_deref()),
+            routed_model: opt_text(r.routed_model.as_deref()),
+            requested_max_tokens: r.requested_max_tokens,
+            applied_max_tokens: r.applied_max_tokens,
+            stream: r.stream,
+            queue_wait_ms: r.queue_wait_ms,
+            status: r.status,
+            // JSON has no NaN: a non-finite latency would come back from the spool unreadable.
+            latency_ms: if r.latency_ms.is_finite() {
+                r.latency_ms
+            } else {
+                0.0
+            },
+            ttfb_ms: r.ttfb_ms,
+            overhead_us: r.overhead_us,
+            prompt_tokens: r.prompt_tokens,
+            completion_tokens: r.completion_tokens,
+            sla_target_ms: r.sla_target_ms,
+            sla_violated: r.sla_violated,
+            signals: SignalsRow {
+                pressure: r.signals.pressure,
+                queue_depth: r.signals.queue_depth,
+                sla_violation_rate: r.signals.sla_violation_rate,
+            },
+            queue_outcome: r.queue_outcome.map(str::to_string),
+            error: opt_text(r.error.as_deref()),
+        }
+    }
+}
+
+impl LedgerRow {
+    /// When the response finished, the time the SLA window is measured on: a long stream counts
+    /// when it ends, not when it arrived.
+    pub fn completed_at_ms(&self) -> u64 {
+        let latency = if self.latency_ms.is_finite() && self.latency_ms > 0.0 {
+            self.latency_ms.round() as u64
+        } else {
+            0
+        };
+        self.received_at_ms.saturating_add(latency)
+    }
+
+    /// The queue events this request went through. A drop happens on arrival (queue full), so it
+    /// has no `queue_queued`; a wait that ended has both its start and its end.
+    pub fn queue_events(&self) -> Vec<QueueEvent> {
+        let outcome = self.queue_outcome.as_deref();
+        let event = |event, at_ms, wait_ms| QueueEvent {
+            event,
+            at_ms,
+            wait_ms,
+        };
+        let end = match outcome {
+            Some("queue_released") => "queue_released",
+            Some("queue_timed_out") => "queue_timed_out",
+            Some("queue_dropped") => "queue_dropped",
+            _ => "queue_released",
+        };
+        match (outcome, self.queue_wait_ms) {
+            (None, None) => Vec::new(),
+            (_, Some(w)) => {
+                let waited = if w.is_finite() && w > 0.0 {
+                    w.round() as u64
+                } else {
+                    0
+                };
+                vec![
+                    event("queue_queued", self.received_at_ms, None),
+                    event(end, self.received_at_ms.saturating_add(waited), Some(w)),
+                ]
+            }
+            (Some(_), None) => vec![event(end, self.received_at_ms, None)],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decisions::SignalsUsed;
+
+    fn record() -> DecisionRecord {
+        DecisionRecord {
+            request_id: "r-1".into(),
+            received_at_ms: 1_700_000_000_000,
+            replica: "sluice-1".into(),
+            tenant: "coding-assistant".into(),
+            tier: "Standard".into(),
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            decision: "degrade",
+            reason: "degrade_pressure_elevated",
+            state: "Elevated",
+            pool: Some("on-demand"),
+            route_reason: Some("route_preferred"),
+            backend: Some("127.0.0.1:8001".into()),
+            requested_model: Some("m".into()),
+            routed_model: Some("m".into()),
+            requested_max_tokens: Some(1000),
+            applied_max_tokens: Some(256),
+            stream: true,
+            queue_wait_ms: Some(12.5),
+            status: 200,
+            latency_ms: 321.4,
+            ttfb_ms: Some(40.0),
+            overhead_us: Some(80.0),
+            prompt_tokens: Some(9),
+            completion_tokens: Some(256),
+            sla_target_ms: Some(1000),
+            sla_violated: Some(false),
+            signals: SignalsUsed {
+                pressure: Some(75.0),
+                queue_depth: Some(0.0),
+                sla_violation_rate: None,
+            },
+            queue_outcome: Some("queue_released"),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn serialises_exactly_like_the_record_and_round_trips() {
+        let rec = record();
+        let row = LedgerRow::from(&rec);
+        let a = serde_json::to_string(&rec).unwrap();
+        let b = serde_json::to_string(&row).unwrap();
+        assert_eq!(a, b, "same names, same order");
+        let back: LedgerRow = serde_json::from_str(&b).unwrap();
+        assert_eq!(back, row);
+        let old: LedgerRow = serde_json::from_str(r#"{"request_id":"x"}"#).unwrap();
+        assert_eq!(old.request_id, "x");
+        let mut nul = record();
+        nul.requested_model = Some("a\0b".into());
+        assert_eq!(
+            LedgerRow::from(&nul).requested_model.as_deref(),
+            Some("a\u{FFFD}b")
+        );
+    }
+
+    #[test]
+    fn queue_events_follow_the_outcome() {
+        let mut row = LedgerRow::from(&record());
+        let ev = row.queue_events();
+        assert_eq!(
+            ev.iter().map(|e| e.event).collect::<Vec<_>>(),
+            ["queue_queued", "queue_released"]
+        );
+        assert_eq!(ev[1].at_ms, row.received_at_ms + 13);
+        row.queue_outcome = Some("queue_timed_out".into());
+        row.queue_wait_ms = Some(2000.0);
+        assert_eq!(row.queue_events()[1].event, "queue_timed_out");
+        row.queue_outcome = Some("queue_dropped".into());
+        row.queue_wait_ms = None;
+        let ev = row.queue_events();
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].event, "queue_dropped");
+        row.queue_outcome = None;
+        assert!(row.queue_events().is_empty());
+        assert_eq!(row.completed_at_ms(), row.received_at_ms + 321);
+    }
+}

@@ -1,0 +1,977 @@
+//! The PostgreSQL decision ledger against a real server on 127.0.0.1:5432 (database `test`, user
+//! `postgres`, trust auth). Every test works in its own schema `sluice_t_<random>`, dropped at
+//! the end, and its own spool directory.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use sluice::decisions::{DecisionRecord, RecentFilter};
+use sluice::ledger::db::{Db, SlaWindow};
+use sluice::ledger::row::LedgerRow;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{AbortHandle, JoinHandle};
+
+const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+fn pg() -> postgres::Client {
+    postgres::Client::connect(
+        "host=127.0.0.1 port=5432 user=postgres dbname=test",
+        postgres::NoTls,
+    )
+    .expect("PostgreSQL on 127.0.0.1:5432, database test")
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A schema of this test's own, dropped (with everything in it) at the end; also names the
+/// test's spool directory.
+struct Schema(String);
+
+impl Schema {
+    fn name() -> String {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        format!(
+            "sluice_t_{}_{:x}_{}",
+            std::process::id(),
+            nanos,
+            free_port()
+        )
+    }
+
+    fn create() -> Schema {
+        let s = Schema(Self::name());
+        pg().batch_execute(&format!("CREATE SCHEMA {}", s.0))
+            .unwrap();
+        s
+    }
+
+    fn spool_dir(&self) -> PathBuf {
+        std::env::temp_dir().join(format!("sluice-spool-{}", self.0))
+    }
+
+    fn table(&self, t: &str) -> String {
+        format!("{}.{t}", self.0)
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        let _ = std::fs::remove_dir_all(self.spool_dir());
+        // A thread of its own: this may run inside an async test, where the sync client's
+        // runtime cannot start.
+        let _ = std::thread::spawn(move || {
+            if let Ok(mut c) = postgres::Client::connect(
+                "host=127.0.0.1 port=5432 user=postgres dbname=test",
+                postgres::NoTls,
+            ) {
+                let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"));
+            }
+        })
+        .join();
+    }
+}
+
+/// Runs SQL from an async test on a blocking thread.
+async fn sql<T: Send + 'static>(f: impl FnOnce(&mut postgres::Client) -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(move || f(&mut pg()))
+        .await
+        .unwrap()
+}
+
+async fn create_schema() -> Schema {
+    tokio::task::spawn_blocking(Schema::create).await.unwrap()
+}
+
+/// request id → number of rows with it.
+async fn row_counts(schema: &Schema) -> HashMap<String, i64> {
+    let t = schema.table("decisions");
+    sql(move |c| {
+        c.query(
+            &format!("SELECT request_id, count(*) FROM {t} GROUP BY request_id"),
+            &[],
+        )
+        .map(|rows| {
+            rows.iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+                .collect()
+        })
+        .unwrap_or_default()
+    })
+    .await
+}
+
+async fn wait_rows(schema: &Schema, n: usize, within: Duration) -> HashMap<String, i64> {
+    wait_for(within, &format!("{n} ledger rows"), || async {
+        let counts = row_counts(schema).await;
+        (counts.values().sum::<i64>() as usize >= n).then_some(counts)
+    })
+    .await
+}
+
+/// A test config with the ledger on `url`; the SLA-rate thresholds are switched off unless a
+/// test is about them, so a slow test machine cannot shed requests through them.
+fn ledger_config(od: &Proc, sp: &Proc, url: &str, schema: &Schema, sla_thresholds: bool) -> Value {
+    let mut cfg = config(&[&od.addr], &[&sp.addr]);
+    merge(
+        &mut cfg,
+        json!({
+            "database_url": url,
+            "ledger": {
+                "schema": schema.0,
+                "spool_dir": schema.spool_dir().display().to_string(),
+                "flush_interval_ms": 50,
+            },
+        }),
+    );
+    if !sla_thresholds {
+        let off = json!({"thresholds": {"sla_violation_rate": {}}});
+        merge(
+            &mut cfg,
+            json!({"tiers": {"Guaranteed": off, "Standard": off, "Best-Effort": off}}),
+        );
+    }
+    cfg
+}
+
+/// What the client saw of one request.
+#[derive(Debug, Clone)]
+struct Sent {
+    id: String,
+    tier: String,
+    decision: String,
+    reason: String,
+    status: u16,
+    completion_tokens: Option<i64>,
+    elapsed: Duration,
+}
+
+async fn send(s: &Sluice, tenant: &str, max_tokens: u64) -> Sent {
+    let started = Instant::now();
+    let r = s
+        .chat(tenant, chat_body("llama-3-70b", Some(max_tokens)))
+        .await;
+    let mut sent = Sent {
+        id: header(&r, "x-request-id").to_string(),
+        tier: header(&r, "x-sluice-tier").to_string(),
+        decision: header(&r, "x-sluice-decision").to_string(),
+        reason: header(&r, "x-sluice-reason").to_string(),
+        status: r.status().as_u16(),
+        completion_tokens: None,
+        elapsed: Duration::ZERO,
+    };
+    let body: Value = r.json().await.unwrap_or(Value::Null);
+    sent.completion_tokens = body["usage"]["completion_tokens"].as_i64();
+    sent.elapsed = started.elapsed();
+    assert!(!sent.id.is_empty(), "every response carries x-request-id");
+    sent
+}
+
+fn ledger_status(status: &Value) -> Value {
+    status["ledger"][0].clone()
+}
+
+#[test]
+fn migrations_apply_once_even_when_replicas_race() {
+    // Not created beforehand: the racers also race on CREATE SCHEMA.
+    let schema = Schema(Schema::name());
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let name = schema.0.clone();
+            std::thread::spawn(move || sluice::ledger::migrate::run(&mut pg(), &name).unwrap())
+        })
+        .collect();
+    let mut applied: Vec<Vec<i32>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    applied.sort();
+    let all: Vec<i32> = sluice::ledger::migrate::MIGRATIONS
+        .iter()
+        .map(|m| m.0)
+        .collect();
+    assert_eq!(applied, vec![vec![], vec![], vec![], all.clone()]);
+
+    let mut c = pg();
+    let versions: Vec<(i32, i64)> = c
+        .query(
+            &format!(
+                "SELECT version, count(*) FROM {} GROUP BY version ORDER BY version",
+                schema.table("ledger_migrations")
+            ),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        versions,
+        all.iter().map(|v| (*v, 1)).collect::<Vec<_>>(),
+        "each version recorded exactly once"
+    );
+    for table in ["decisions", "queue_events"] {
+        let found: Option<String> = c
+            .query_one("SELECT to_regclass($1)::text", &[&schema.table(table)])
+            .unwrap()
+            .get(0);
+        assert!(found.is_some(), "{table} exists");
+    }
+    assert!(
+        sluice::ledger::migrate::run(&mut c, &schema.0)
+            .unwrap()
+            .is_empty(),
+        "a second start applies nothing"
+    );
+}
+
+fn scripted(
+    id: &str,
+    tier: &str,
+    received: u64,
+    latency: f64,
+    violated: Option<bool>,
+) -> LedgerRow {
+    LedgerRow {
+        request_id: id.into(),
+        received_at_ms: received,
+        replica: "test".into(),
+        tenant: format!("tenant-{tier}"),
+        tier: tier.into(),
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        decision: if violated.is_some() { "pass" } else { "reject" }.into(),
+        reason: if violated.is_some() {
+            ""
+        } else {
+            "reject_pressure_critical"
+        }
+        .into(),
+        state: "Normal".into(),
+        status: if violated.is_some() { 200 } else { 429 },
+        latency_ms: latency,
+        sla_violated: violated,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn sla_rate_recent_and_retention_match_a_hand_count() {
+    let schema = Schema::create();
+    let db = Db::new(PG_URL, &schema.0).unwrap();
+    db.migrate().unwrap();
+    let now = now_ms();
+    let mut rows = Vec::new();
+    let mut add = |tier: &str, ago_s: u64, latency_s: f64, violated: Option<bool>| {
+        let id = format!("r{}", rows.len());
+        let received = now - ago_s * 1000;
+        rows.push(scripted(&id, tier, received, latency_s * 1000.0, violated));
+    };
+    // In the window (completed within the last 60 s):
+    for v in [true, true, true, false] {
+        add("Standard", 20, 0.5, Some(v));
+    }
+    for v in [true, false] {
+        add("Best-Effort", 30, 0.2, Some(v));
+    }
+    for _ in 0..3 {
+        add("Guaranteed", 40, 1.0, Some(false));
+    }
+    // Arrived 70 s ago, but a 65 s stream: it completed 5 s ago and counts.
+    add("Standard", 70, 65.0, Some(true));
+    // Not completions: rejections and Sluice's own errors carry no sla_violated.
+    for _ in 0..5 {
+        add("Best-Effort", 10, 0.0, None);
+    }
+    // Completed before the window.
+    for _ in 0..4 {
+        add("Standard", 200, 1.0, Some(true));
+    }
+    assert_eq!(db.insert(&rows).unwrap(), rows.len() as u64);
+    assert_eq!(db.insert(&rows).unwrap(), 0, "a replayed batch is skipped");
+
+    let w = db.sla_window(now - 60_000, None).unwrap();
+    let hand = SlaWindow {
+        completed: 10,
+        violated: 5,
+        per_tier: BTreeMap::from([
+            ("Best-Effort".to_string(), (2, 1)),
+            ("Guaranteed".to_string(), (3, 0)),
+            ("Standard".to_string(), (5, 4)),
+        ]),
+    };
+    assert_eq!(w, hand);
+    assert_eq!(w.rate(), 0.5);
+    // The newest 3 completions: the long stream (5 s ago), then two Standard ones (19.5 s ago).
+    let last3 = db.sla_window(now - 60_000, Some(3)).unwrap();
+    assert_eq!((last3.completed, last3.violated), (3, 3));
+    let empty = db.sla_window(now + 3_600_000, None).unwrap();
+    assert_eq!((empty.completed, empty.rate()), (0, 0.0));
+
+    // /decisions/recent: filters, newest first, the record's own field names.
+    let all = db
+        .recent(&RecentFilter {
+            limit: 5000,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(all.len(), rows.len());
+    let received: Vec<u64> = all
+        .iter()
+        .map(|v| v["received_at_ms"].as_u64().unwrap())
+        .collect();
+    assert!(received.windows(2).all(|w| w[0] >= w[1]), "newest first");
+    let record_keys: Vec<String> = serde_json::to_value(DecisionRecord::default())
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let keys: Vec<String> = all[0].as_object().unwrap().keys().cloned().collect();
+    assert_eq!(keys, record_keys);
+    let r0 = all.iter().find(|v| v["request_id"] == "r0").unwrap();
+    assert_eq!(r0, &serde_json::to_value(&rows[0]).unwrap());
+    let q = |f: RecentFilter| db.recent(&f).unwrap().len();
+    let f = |limit| RecentFilter {
+        limit,
+        ..Default::default()
+    };
+    assert_eq!(q(f(3)), 3);
+    assert_eq!(
+        q(RecentFilter {
+            tier: Some("Standard".into()),
+            ..f(100)
+        }),
+        9
+    );
+    assert_eq!(
+        q(RecentFilter {
+            tenant: Some("tenant-Best-Effort".into()),
+            decision: Some("reject".into()),
+            ..f(100)
+        }),
+        5
+    );
+    assert_eq!(
+        q(RecentFilter {
+            since_ms: Some(now - 25_000),
+            ..f(100)
+        }),
+        9,
+        "4 Standard at -20 s and 5 rejections at -10 s"
+    );
+
+    // Queue events travel with their decision, in the same transaction.
+    let mut queued = scripted("q1", "Standard", now - 1000, 300.0, Some(false));
+    queued.queue_outcome = Some("queue_released".into());
+    queued.queue_wait_ms = Some(120.0);
+    let mut dropped = scripted("q2", "Standard", now - 1000, 0.0, None);
+    dropped.queue_outcome = Some("queue_dropped".into());
+    // Retention: rows older than the cutoff go, in batches; newer ones stay.
+    let mut old: Vec<LedgerRow> = (0..7)
+        .map(|i| {
+            scripted(
+                &format!("old{i}"),
+                "Standard",
+                now - 40 * 86_400_000,
+                1.0,
+                Some(false),
+            )
+        })
+        .collect();
+    old[0].queue_outcome = Some("queue_timed_out".into());
+    old[0].queue_wait_ms = Some(2000.0);
+    old.push(queued);
+    old.push(dropped);
+    db.insert(&old).unwrap();
+    let mut c = pg();
+    let events: Vec<(String, String)> = c
+        .query(
+            &format!(
+                "SELECT request_id, event FROM {} ORDER BY request_id, at_ms, event",
+                schema.table("queue_events")
+            ),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let ev = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(
+        events,
+        [
+            ev("old0", "queue_queued"),
+            ev("old0", "queue_timed_out"),
+            ev("q1", "queue_queued"),
+            ev("q1", "queue_released"),
+            ev("q2", "queue_dropped"),
+        ]
+    );
+    let cutoff = now - 30 * 86_400_000;
+    let mut deleted = 0;
+    loop {
+        let n = db.delete_older_than(cutoff, 3).unwrap();
+        if n == 0 {
+            break;
+        }
+        deleted += n;
+    }
+    assert_eq!(deleted, 7 + 2, "7 old decisions and their 2 queue events");
+    let left: i64 = c
+        .query_one(
+            &format!("SELECT count(*) FROM {}", schema.table("decisions")),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(left as usize, rows.len() + 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_gets_exactly_its_row() {
+    let schema = create_schema().await;
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b", &[]).await;
+    let s = serve(&ledger_config(&od, &sp, PG_URL, &schema, false)).await;
+
+    let mut sent = Vec::new();
+    for tenant in ["support-bot", "coding-assistant", "batch-analytics"] {
+        for _ in 0..3 {
+            sent.push(send(&s, tenant, 20).await);
+        }
+    }
+    s.set_signal("/admin/pressure", 75.0).await;
+    s.wait_tier_state("Standard", "Elevated").await;
+    for _ in 0..3 {
+        sent.push(send(&s, "coding-assistant", 1000).await);
+        sent.push(send(&s, "batch-analytics", 20).await);
+        sent.push(send(&s, "support-bot", 20).await);
+    }
+    let mut by_decision = BTreeMap::new();
+    for x in &sent {
+        *by_decision.entry(x.decision.as_str()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        by_decision,
+        BTreeMap::from([("degrade", 3), ("pass", 12), ("reject", 3)])
+    );
+
+    let counts = wait_rows(&schema, sent.len(), Duration::from_secs(15)).await;
+    assert_eq!(counts.len(), sent.len(), "exactly one row per request");
+    assert!(counts.values().all(|&n| n == 1));
+    let t = schema.table("decisions");
+    let rows: HashMap<String, (String, String, String, i32, Option<i64>)> = sql(move |c| {
+        c.query(
+            &format!(
+                "SELECT request_id, tier, decision, reason, status, completion_tokens FROM {t}"
+            ),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))))
+        .collect()
+    })
+    .await;
+    for x in &sent {
+        let row = rows
+            .get(&x.id)
+            .unwrap_or_else(|| panic!("row for {}", x.id));
+        assert_eq!(
+            row,
+            &(
+                x.tier.clone(),
+                x.decision.clone(),
+                x.reason.clone(),
+                i32::from(x.status),
+                x.completion_tokens
+            ),
+            "{x:?}"
+        );
+    }
+    assert!(sent
+        .iter()
+        .filter(|x| x.decision == "degrade")
+        .all(|x| x.completion_tokens == Some(256)));
+
+    // /decisions/recent now answers from PostgreSQL, with the ring's field names.
+    let recent: Value = client()
+        .get(s.url("/decisions/recent?decision=degrade&limit=1000"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(recent["source"], "ledger");
+    let items = recent["decisions"].as_array().unwrap();
+    assert_eq!(items.len(), 3);
+    assert!(items.iter().all(|d| d["decision"] == "degrade"
+        && d["tier"] == "Standard"
+        && d["applied_max_tokens"] == 256
+        && d["signals"]["pressure"] == 75.0));
+
+    let status = ledger_status(&s.status().await);
+    assert_eq!(status["reachable"], true, "{status}");
+    assert_eq!(status["rows_written"], sent.len());
+    assert_eq!(status["dropped"], 0);
+    assert!(status["last_flush_ms_ago"].as_u64().is_some());
+}
+
+/// A TCP forwarder to PostgreSQL that a test can cut (listener and every live connection) and
+/// restore on the same port.
+struct Forwarder {
+    port: u16,
+    accept: Option<JoinHandle<()>>,
+    conns: Arc<Mutex<Vec<AbortHandle>>>,
+}
+
+impl Forwarder {
+    async fn start(port: u16) -> Forwarder {
+        let mut f = Forwarder {
+            port,
+            accept: None,
+            conns: Arc::default(),
+        };
+        f.restore().await;
+        f
+    }
+
+    async fn restore(&mut self) {
+        let listener = wait_for(Duration::from_secs(5), "forwarder port", || async {
+            TcpListener::bind(("127.0.0.1", self.port)).await.ok()
+        })
+        .await;
+        let conns = Arc::clone(&self.conns);
+        self.accept = Some(tokio::spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                let task = tokio::spawn(async move {
+                    if let Ok(mut up) = TcpStream::connect("127.0.0.1:5432").await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+                conns.lock().unwrap().push(task.abort_handle());
+            }
+        }));
+    }
+
+    async fn cut(&mut self) {
+        if let Some(accept) = self.accept.take() {
+            accept.abort();
+            let _ = accept.await;
+        }
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+        // Let the aborted connection tasks drop their sockets.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_loses_nothing_and_doubles_nothing() {
+    let schema = create_schema().await;
+    let mut fwd = Forwarder::start(free_port()).await;
+    let url = format!("postgres://postgres@127.0.0.1:{}/test", fwd.port);
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b", &[]).await;
+    let s = serve(&ledger_config(&od, &sp, &url, &schema, false)).await;
+    let tenants = ["support-bot", "coding-assistant", "batch-analytics"];
+
+    let mut sent = Vec::new();
+    for i in 0..10 {
+        sent.push(send(&s, tenants[i % 3], 10).await);
+    }
+    wait_rows(&schema, 10, Duration::from_secs(10)).await;
+
+    fwd.cut().await;
+    for i in 0..20 {
+        let x = send(&s, tenants[i % 3], 10).await;
+        assert_eq!(x.status, 200, "requests do not depend on the ledger");
+        sent.push(x);
+    }
+    let down = wait_for(Duration::from_secs(10), "rows to spool", || async {
+        let l = ledger_status(&s.status().await);
+        (l["reachable"] == false && l["spooled_rows"].as_u64() >= Some(1)).then_some(l)
+    })
+    .await;
+    assert!(down["last_error"].is_string(), "{down}");
+    let recent: Value = client()
+        .get(s.url("/decisions/recent"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(recent["source"], "memory", "falls back while unreachable");
+    let status = s.status().await;
+    let sla = &status["signals"]["on-demand"]["sla_violation_rate"];
+    assert!(
+        sla["unavailable"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("ledger unreachable")),
+        "{sla}"
+    );
+
+    fwd.restore().await;
+    let counts = wait_rows(&schema, sent.len(), Duration::from_secs(20)).await;
+    for x in &sent {
+        assert_eq!(counts.get(&x.id), Some(&1), "{} exactly once", x.id);
+    }
+    assert_eq!(counts.len(), sent.len());
+    let settled = wait_for(Duration::from_secs(10), "spool to empty", || async {
+        let l = ledger_status(&s.status().await);
+        (l["spooled_rows"] == 0 && l["buffered_rows"] == 0 && l["reachable"] == true).then_some(l)
+    })
+    .await;
+    assert_eq!(settled["dropped"], 0);
+    assert!(settled["rows_spilled"].as_u64() >= Some(1), "{settled}");
+    let log = s.log();
+    assert!(
+        log.contains("ledger_unreachable") && log.contains("ledger_reconnected"),
+        "the outage is logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_while_unreachable_spools_for_the_next_start() {
+    let schema = create_schema().await;
+    let port = free_port();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/test");
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b", &[]).await;
+    let mut first = serve(&ledger_config(&od, &sp, &url, &schema, false)).await;
+    let mut sent = Vec::new();
+    for tenant in [
+        "support-bot",
+        "coding-assistant",
+        "batch-analytics",
+        "support-bot",
+    ] {
+        sent.push(send(&first, tenant, 10).await);
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &first.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    wait_for(Duration::from_secs(10), "sluice to exit", || {
+        let exited = first.proc.child.try_wait().unwrap().is_some();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    let lines: usize = std::fs::read_dir(schema.spool_dir())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".jsonl"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap().lines().count())
+        .sum();
+    assert_eq!(lines, sent.len(), "every record is in the spool at exit");
+
+    // The database is back (on the same address) and the next start replays the spool.
+    let _fwd = Forwarder::start(port).await;
+    let second = serve(&ledger_config(&od, &sp, &url, &schema, false)).await;
+    let counts = wait_rows(&schema, sent.len(), Duration::from_secs(15)).await;
+    for x in &sent {
+        assert_eq!(counts.get(&x.id), Some(&1));
+    }
+    wait_for(Duration::from_secs(10), "spool files to go", || async {
+        let l = ledger_status(&second.status().await);
+        let files = std::fs::read_dir(schema.spool_dir()).map_or(0, |d| d.count());
+        (l["spooled_rows"] == 0 && files == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_table_does_not_slow_requests() {
+    let schema = create_schema().await;
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b", &[]).await;
+    let s = serve(&ledger_config(&od, &sp, PG_URL, &schema, false)).await;
+    let mut sent = Vec::new();
+    for _ in 0..3 {
+        sent.push(send(&s, "coding-assistant", 10).await);
+    }
+    wait_rows(&schema, 3, Duration::from_secs(10)).await;
+
+    let hold = Duration::from_secs(3);
+    let table = schema.table("decisions");
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let locker = std::thread::spawn(move || {
+        let mut c = pg();
+        let mut tx = c.transaction().unwrap();
+        tx.batch_execute(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+            .unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(hold);
+        tx.commit().unwrap();
+    });
+    tokio::task::spawn_blocking(move || locked_rx.recv().unwrap())
+        .await
+        .unwrap();
+    let locked_at = Instant::now();
+    for i in 0..10 {
+        let x = send(&s, ["coding-assistant", "support-bot"][i % 2], 10).await;
+        assert_eq!(x.status, 200);
+        assert!(
+            x.elapsed < Duration::from_millis(800),
+            "request took {:?} while the table was locked",
+            x.elapsed
+        );
+        sent.push(x);
+    }
+    let during = ledger_status(&s.status().await);
+    assert!(
+        locked_at.elapsed() < hold,
+        "the requests ran while the lock was held"
+    );
+    assert!(
+        during["inflight_rows"].as_u64().unwrap() + during["buffered_rows"].as_u64().unwrap() > 0,
+        "rows wait while the table is locked: {during}"
+    );
+    tokio::task::spawn_blocking(move || locker.join().unwrap())
+        .await
+        .unwrap();
+    let counts = wait_rows(&schema, sent.len(), Duration::from_secs(15)).await;
+    for x in &sent {
+        assert_eq!(counts.get(&x.id), Some(&1));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sla_violations_drive_tiers_to_critical() {
+    let schema = create_schema().await;
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b", &[]).await;
+    for sim in [&od, &sp] {
+        let r = client()
+            .put(sim.url("/admin/latency"))
+            .json(&json!({"extra_ms": 1500}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let s = Arc::new(serve(&ledger_config(&od, &sp, PG_URL, &schema, true)).await);
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let s = Arc::clone(&s);
+            tokio::spawn(async move {
+                let tenant = ["coding-assistant", "batch-analytics"][i % 2];
+                send(&s, tenant, 5).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        let x = t.await.unwrap();
+        assert_eq!(x.status, 200);
+        assert!(x.elapsed >= Duration::from_millis(1500));
+    }
+    s.wait_tier_state("Best-Effort", "Critical").await;
+    s.wait_tier_state("Standard", "Critical").await;
+    let status = s.status().await;
+    for tier in ["Best-Effort", "Standard"] {
+        let t = status["tiers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tier"] == tier)
+            .unwrap();
+        assert_eq!(t["driver"], "sla_violation_rate", "{t}");
+    }
+    let reading = &status["signals"]["on-demand"]["sla_violation_rate"];
+    assert_eq!(reading["value"], 1.0, "{reading}");
+    assert_eq!(reading["source"], "ledger");
+    let sla = &ledger_status(&status)["sla"];
+    assert_eq!(sla["rate"], 1.0, "{sla}");
+    assert_eq!(sla["completed"], 8);
+    assert_eq!(sla["per_tier"]["Standard"]["violated"], 4);
+}
+
+/// Sustained writer throughput: `cargo test --release --test ledger -- --ignored --nocapture
+/// writer_throughput`. Pushes 50k realistic records through the sink and times the writer
+/// draining them into PostgreSQL in `batch_rows` batches.
+#[test]
+#[ignore]
+fn writer_throughput() {
+    let schema = Schema::create();
+    let n: usize = std::env::var("LEDGER_BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
+    let mut cfg = sluice::config::Config::default();
+    cfg.ledger.schema = schema.0.clone();
+    cfg.ledger.spool_dir = schema.spool_dir();
+    cfg.ledger.buffer_rows = n;
+    let ledger = sluice::ledger::open(&cfg, PG_URL).unwrap();
+    assert_eq!(
+        ledger.step(),
+        sluice::ledger::writer::Step::Idle,
+        "migrates"
+    );
+    let start = now_ms();
+    for i in 0..n {
+        ledger.push(Arc::new(DecisionRecord {
+            request_id: format!("bench-{i:08}"),
+            received_at_ms: start + i as u64,
+            replica: "bench-1".into(),
+            tenant: "coding-assistant".into(),
+            tier: "Standard".into(),
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            decision: "pass",
+            reason: "",
+            state: "Normal",
+            pool: Some("on-demand"),
+            route_reason: Some("route_preferred"),
+            backend: Some("10.0.0.1:8000".into()),
+            requested_model: Some("llama-3-70b".into()),
+            routed_model: Some("llama-3-70b".into()),
+            requested_max_tokens: Some(256),
+            applied_max_tokens: None,
+            stream: i % 2 == 0,
+            queue_wait_ms: (i % 10 == 0).then_some(12.5),
+            status: 200,
+            latency_ms: 420.0,
+            ttfb_ms: Some(80.0),
+            overhead_us: Some(95.0),
+            prompt_tokens: Some(42),
+            completion_tokens: Some(256),
+            sla_target_ms: Some(1000),
+            sla_violated: Some(false),
+            signals: Default::default(),
+            queue_outcome: (i % 10 == 0).then_some("queue_released"),
+            error: None,
+        }));
+    }
+    let t = Instant::now();
+    ledger.drain();
+    let secs = t.elapsed().as_secs_f64();
+    let status = ledger.status();
+    assert_eq!(status["rows_written"], n);
+    println!(
+        "ledger writer: {n} rows in {secs:.2} s = {:.0} rows/s (batch_rows {})",
+        n as f64 / secs,
+        cfg.ledger.batch_rows
+    );
+}
+
+#[test]
+fn ledger_config_has_defaults_overrides_and_named_errors() {
+    use sluice::config::Config;
+    let parse = |yaml: &str, env: &[(&str, &str)]| {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let lookup = move |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        Config::from_yaml(yaml, "test.yaml", std::path::Path::new("."), None, &lookup)
+    };
+    let c = parse("{}", &[]).unwrap();
+    let l = &c.ledger;
+    assert_eq!(
+        (l.flush_interval_ms, l.batch_rows, l.buffer_rows),
+        (200, 500, 10_000)
+    );
+    assert_eq!(l.spool_dir, PathBuf::from("/tmp/sluice-spool"));
+    assert_eq!(l.spool_max_bytes, 256 * 1024 * 1024);
+    assert_eq!(
+        (l.retention_days, l.sla_window_seconds, l.schema.as_str()),
+        (30, 60, "public")
+    );
+    let shipped = Config::embedded(&|_| None).unwrap().ledger;
+    assert_eq!(
+        (shipped.batch_rows, shipped.schema.as_str()),
+        (500, "public"),
+        "conf/sluice.yaml documents the defaults"
+    );
+
+    let c = parse(
+        "ledger: {schema: from_file}",
+        &[
+            ("SLUICE_LEDGER_SCHEMA", "sluice_env"),
+            ("SLUICE_SPOOL_DIR", "/var/spool/sluice"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.ledger.schema, "sluice_env");
+    assert_eq!(c.ledger.spool_dir, PathBuf::from("/var/spool/sluice"));
+
+    for (yaml, key) in [
+        ("ledger: {schema: Bad-Name}", "ledger.schema"),
+        ("ledger: {schema: pg_catalog}", "ledger.schema"),
+        (
+            "ledger: {batch_rows: 20, buffer_rows: 10}",
+            "ledger.batch_rows",
+        ),
+        ("ledger: {spool_dir: spool}", "ledger.spool_dir"),
+        ("ledger: {flush_interval_ms: 0}", "ledger.flush_interval_ms"),
+        ("ledger: {retention_days: 0}", "ledger.retention_days"),
+        ("ledger: {spool_max_bytes: 10}", "ledger.spool_max_bytes"),
+        (
+            "ledger: {sla_window_seconds: 0}",
+            "ledger.sla_window_seconds",
+        ),
+        ("database_url: \"postgres://h:notaport/db\"", "database_url"),
+    ] {
+        let e = parse(yaml, &[]).unwrap_err();
+        assert_eq!(
+            (e.file.as_str(), e.key.as_str()),
+            ("test.yaml", key),
+            "{yaml}: {e}"
+        );
+        assert!(!e.reason.is_empty());
+    }
+    assert!(
+        parse("ledger: {flush_every: 5}", &[]).is_err(),
+        "unknown keys"
+    );
+}
+
+#[test]
+fn a_row_postgres_refuses_is_dropped_alone() {
+    let schema = Schema::create();
+    let mut cfg = sluice::config::Config::default();
+    cfg.ledger.schema = schema.0.clone();
+    cfg.ledger.spool_dir = schema.spool_dir();
+    let ledger = sluice::ledger::open(&cfg, PG_URL).unwrap();
+    // Too large for a btree index entry even compressed: PostgreSQL refuses it (SQLSTATE 54000).
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let huge: String = (0..12_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'!' + (x % 90) as u8)
+        })
+        .collect();
+    for (i, tenant) in ["a", huge.as_str(), "b"].into_iter().enumerate() {
+        ledger.push(Arc::new(DecisionRecord {
+            request_id: format!("poison-{i}"),
+            received_at_ms: now_ms(),
+            tenant: tenant.into(),
+            tier: "Standard".into(),
+            decision: "pass",
+            ..Default::default()
+        }));
+    }
+    ledger.drain();
+    let s = ledger.status();
+    assert_eq!(s["rows_written"], 2, "{s}");
+    assert_eq!(s["rows_rejected"], 1);
+    assert_eq!(s["spooled_rows"], 0);
+    assert_eq!(s["reachable"], true);
+}
