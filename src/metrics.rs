@@ -39,6 +39,9 @@ pub struct Metrics {
     pub queued: IntGaugeVec,
     pub capacity: IntGaugeVec,
     pub backend_healthy: IntGaugeVec,
+    /// Coordinator events counted by the coordinator itself (fail-open admissions, reclaimed and
+    /// lost leases), mirrored here when `/metrics` is rendered.
+    pub coordinator_events: IntCounterVec,
     pub signal_available: IntGaugeVec,
     pub spot_state: IntGauge,
     pub tier_threshold: GaugeVec,
@@ -105,6 +108,7 @@ impl Metrics {
             queued: igauge("sluice_queued_requests", "Requests waiting in a tier's queue.", &["tier"]),
             capacity: igauge("sluice_tier_capacity", "Configured in-flight capacity per tier (0 = unlimited).", &["tier"]),
             backend_healthy: igauge("sluice_backend_healthy", "1 when the backend is usable (passed a health check and is healthy).", &["pool", "backend"]),
+            coordinator_events: counter("sluice_coordinator_events_total", "Admission coordinator events: fail_open (admitted while Redis was unreachable), reclaimed_lease (a dead replica's slot returned), lost_lease (a live replica's lease expired).", &["event"]),
             signal_available: igauge("sluice_signal_available", "1 when the pool's signal has a fresh value, 0 when unavailable (value absent).", &["pool", "signal"]),
             spot_state: single("sluice_spot_state", "Spot pool's own pressure against the eviction thresholds: 0 Normal, 2 Critical (Best-Effort evicted to on-demand)."),
             tier_threshold: gauge("sluice_tier_threshold", "Configured threshold per tier, signal and level (elevated, critical); absent when the step is disabled.", &["tier", "signal", "level"]),

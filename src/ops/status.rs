@@ -169,6 +169,17 @@ pub async fn recent(app: &App, query: &str) -> Value {
 
 pub fn refresh_gauges(app: &App) {
     let m = &app.metrics;
+    let health = app.admission.health();
+    for (event, key) in [
+        ("fail_open", "fail_open_total"),
+        ("reclaimed_lease", "reclaimed_leases_total"),
+        ("lost_lease", "lost_leases_total"),
+    ] {
+        // The coordinator owns the totals; the counter catches up to them (never goes back).
+        let total = health.get(key).and_then(Value::as_u64).unwrap_or(0);
+        let counter = m.coordinator_events.with_label_values(&[event]);
+        counter.inc_by(total.saturating_sub(counter.get()));
+    }
     let now = app.hub.clock().now_ms();
     let state = app.hub.state();
     let rules = app.hub.rules();

@@ -350,7 +350,10 @@ async fn take_slot(
                 queue_wait("released", q);
                 ctx.queued_for = Some(q);
                 ctx.label = "queue";
-                ctx.reason = Some(Reason::QueueReleased);
+                // A wait that ended because the coordinator went away keeps saying so.
+                if !fail_open {
+                    ctx.reason = Some(Reason::QueueReleased);
+                }
             }
             Ok(())
         }

@@ -1,0 +1,499 @@
+//! The Redis coordinator across several coordinators ("replicas") in one process, against the
+//! real Redis (`SLUICE_TEST_REDIS_URL`, default 127.0.0.1:6379; each test in its own key
+//! prefix, deleted at the end). The outage test stops only its own private `redis-server`.
+
+use sluice::admission::{Admission, AdmissionControl, QueueParams, RedisAdmission, RedisSettings};
+use sluice::policy::{Reason, Tier};
+use std::hash::{BuildHasher, Hasher};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn test_url() -> String {
+    std::env::var("SLUICE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A random key prefix whose keys are deleted on drop.
+struct Ns {
+    prefix: String,
+    url: String,
+}
+
+impl Ns {
+    fn new(url: &str) -> Self {
+        let n = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Ns {
+            prefix: format!("sluice-test-{n:016x}"),
+            url: url.into(),
+        }
+    }
+
+    fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url.as_str())
+            .unwrap()
+            .get_connection()
+            .expect("these tests need a Redis at SLUICE_TEST_REDIS_URL or 127.0.0.1:6379")
+    }
+
+    fn zcard(&self, tier: Tier, kind: &str) -> u64 {
+        redis::cmd("ZCARD")
+            .arg(format!("{}:{}:{kind}", self.prefix, tier.as_str()))
+            .query(&mut self.conn())
+            .unwrap()
+    }
+
+    async fn coordinator(&self, replica: &str, lease_ms: u64) -> RedisAdmission {
+        // Generous: a loaded test machine must not turn a slow call into a fail-open.
+        self.coordinator_with(replica, lease_ms, 1000).await
+    }
+
+    async fn coordinator_with(&self, replica: &str, lease_ms: u64, op_ms: u64) -> RedisAdmission {
+        let a = RedisAdmission::new(RedisSettings {
+            url: self.url.clone(),
+            prefix: self.prefix.clone(),
+            lease: Duration::from_millis(lease_ms),
+            op_timeout: Duration::from_millis(op_ms),
+            replica: replica.into(),
+            capacities: [0; 3],
+        })
+        .unwrap();
+        a.connect().await.unwrap();
+        a
+    }
+
+    /// Releases are spawned from `Slot::drop`; wait for them to land.
+    async fn wait_empty(&self, tier: Tier, kind: &str) {
+        let start = Instant::now();
+        while self.zcard(tier, kind) != 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(3),
+                "{kind} of {tier} still holds {}",
+                self.zcard(tier, kind)
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let Ok(mut c) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
+        else {
+            return;
+        };
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.prefix))
+            .query(&mut c)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut c);
+        }
+    }
+}
+
+fn q(max_size: usize, wait_ms: u64) -> Option<QueueParams> {
+    Some(QueueParams {
+        max_size,
+        max_wait: Duration::from_millis(wait_ms),
+        poll: Duration::from_millis(10),
+    })
+}
+
+fn outcome(a: &Admission) -> Result<bool, Reason> {
+    match a {
+        Admission::Admitted { fail_open, .. } => Ok(*fail_open),
+        Admission::Refused { reason, .. } => Err(*reason),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_coordinators_capacity_one_exactly_one_wins() {
+    let ns = Ns::new(&test_url());
+    let a = ns.coordinator("a", 5000).await;
+    let b = ns.coordinator("b", 5000).await;
+    for round in 0..50 {
+        let (ra, rb) = tokio::join!(
+            a.admit(Tier::Standard, 1, None),
+            b.admit(Tier::Standard, 1, None)
+        );
+        let mut results = [outcome(&ra).is_ok(), outcome(&rb).is_ok()];
+        results.sort();
+        assert_eq!(results, [false, true], "round {round}");
+        for r in [&ra, &rb] {
+            if let Err(reason) = outcome(r) {
+                assert_eq!(reason, Reason::TierAtCapacity);
+            }
+        }
+        assert_eq!(ns.zcard(Tier::Standard, "slots"), 1);
+        drop((ra, rb));
+        ns.wait_empty(Tier::Standard, "slots").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifo_order_holds_across_coordinators() {
+    let ns = Ns::new(&test_url());
+    let cs = [
+        ns.coordinator("a", 5000).await,
+        ns.coordinator("b", 5000).await,
+        ns.coordinator("c", 5000).await,
+    ];
+    let held = cs[0].admit(Tier::Standard, 1, None).await;
+    assert_eq!(outcome(&held), Ok(false));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let c = cs[i % 3].clone();
+        let tx = tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = c.admit(Tier::Standard, 1, q(20, 5000)).await;
+            assert_eq!(outcome(&r), Ok(false), "waiter {i}");
+            tx.send(i).unwrap();
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            drop(r);
+        }));
+        // Arrival order is what FIFO promises; space the arrivals out so it is unambiguous.
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(ns.zcard(Tier::Standard, "queue"), 8);
+    drop(held);
+    let mut order = Vec::new();
+    for _ in 0..8 {
+        order.push(rx.recv().await.unwrap());
+    }
+    assert_eq!(order, (0..8).collect::<Vec<_>>());
+    for t in tasks {
+        t.await.unwrap();
+    }
+    ns.wait_empty(Tier::Standard, "slots").await;
+    assert_eq!(ns.zcard(Tier::Standard, "queue"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_bound_holds_across_coordinators_and_timed_out_entries_are_removed() {
+    let ns = Ns::new(&test_url());
+    let cs = [
+        ns.coordinator("a", 5000).await,
+        ns.coordinator("b", 5000).await,
+        ns.coordinator("c", 5000).await,
+    ];
+    let held = cs[0].admit(Tier::Standard, 1, None).await;
+    let mut tasks = Vec::new();
+    for i in 0..7 {
+        let c = cs[i % 3].clone();
+        tasks.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let r = c.admit(Tier::Standard, 1, q(3, 600)).await;
+            (outcome(&r), started.elapsed())
+        }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(ns.zcard(Tier::Standard, "queue") <= 3, "bound exceeded");
+    }
+    let mut dropped = 0;
+    let mut timed_out = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            (Err(Reason::QueueDropped), waited) => {
+                dropped += 1;
+                assert!(waited < Duration::from_millis(100), "dropped at once");
+            }
+            (Err(Reason::QueueTimedOut), waited) => {
+                timed_out += 1;
+                assert!(waited >= Duration::from_millis(600));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((timed_out, dropped), (3, 4));
+    // Each timed-out waiter removed its own entry before answering.
+    assert_eq!(ns.zcard(Tier::Standard, "queue"), 0);
+    assert_eq!(ns.zcard(Tier::Standard, "deadlines"), 0);
+
+    // A waiter whose replica died mid-wait blocks the head only until its deadline.
+    let mut c = ns.conn();
+    let queue = format!("{}:Standard:queue", ns.prefix);
+    let deadlines = format!("{}:Standard:deadlines", ns.prefix);
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut c).unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(&queue)
+        .arg(0)
+        .arg("dead:q1")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(&deadlines)
+        .arg(secs * 1000 + micros / 1000 + 300)
+        .arg("dead:q1")
+        .query(&mut c)
+        .unwrap();
+    drop(held);
+    let started = Instant::now();
+    let r = cs[1].admit(Tier::Standard, 1, q(3, 2000)).await;
+    assert_eq!(outcome(&r), Ok(false));
+    let waited = started.elapsed();
+    assert!(
+        (Duration::from_millis(200)..Duration::from_millis(1000)).contains(&waited),
+        "admitted after the dead head's deadline, waited {waited:?}"
+    );
+    drop(r);
+    ns.wait_empty(Tier::Standard, "slots").await;
+    assert_eq!(ns.zcard(Tier::Standard, "queue"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_coordinators_slots_are_reclaimed_within_the_lease() {
+    let ns = Ns::new(&test_url());
+    let lease = 600;
+    let dying = ns.coordinator("dying", lease).await;
+    let survivor = ns.coordinator("survivor", lease).await;
+    let _bg = survivor.spawn_background();
+    // `dying` never runs its renewal task, which is what a killed replica looks like; its
+    // slots are leaked on purpose (forgotten, never released).
+    for _ in 0..2 {
+        let r = dying.admit(Tier::Standard, 2, None).await;
+        assert_eq!(outcome(&r), Ok(false));
+        std::mem::forget(r);
+    }
+    // The survivor's own slot is renewed past several lease periods.
+    let mine = survivor.admit(Tier::Standard, 3, None).await;
+    assert_eq!(outcome(&mine), Ok(false));
+    let died = Instant::now();
+    assert_eq!(
+        outcome(&survivor.admit(Tier::Standard, 3, None).await),
+        Err(Reason::TierAtCapacity)
+    );
+    let reclaimed = loop {
+        let r = survivor.admit(Tier::Standard, 3, None).await;
+        if outcome(&r).is_ok() {
+            break (r, died.elapsed());
+        }
+        assert!(died.elapsed() < Duration::from_secs(3), "never reclaimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    println!("dead coordinator's slots returned after {:?}", reclaimed.1);
+    assert!(reclaimed.1 <= Duration::from_millis(lease + 100));
+    assert_eq!(survivor.health()["reclaimed_leases_total"], 2);
+    tokio::time::sleep(Duration::from_millis(3 * lease)).await;
+    assert_eq!(
+        ns.zcard(Tier::Standard, "slots"),
+        2,
+        "live leases were renewed"
+    );
+    assert_eq!(survivor.health()["lost_leases_total"], 0);
+    drop((mine, reclaimed));
+    ns.wait_empty(Tier::Standard, "slots").await;
+}
+
+struct PrivateRedis {
+    child: Child,
+    port: u16,
+}
+
+impl PrivateRedis {
+    async fn start(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        let url = format!("redis://127.0.0.1:{port}");
+        let start = Instant::now();
+        loop {
+            let up = redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok();
+            if up {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(5), "redis-server up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        PrivateRedis { child, port }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_outage_fails_open_visibly_and_admission_returns_to_redis() {
+    let mut redis = PrivateRedis::start(free_port()).await;
+    let ns = Ns::new(&format!("redis://127.0.0.1:{}", redis.port));
+    let a = ns.coordinator_with("a", 1500, 250).await;
+    let _bg = a.spawn_background();
+    let held = a.admit(Tier::Standard, 1, None).await;
+    assert_eq!(outcome(&held), Ok(false));
+    assert_eq!(
+        outcome(&a.admit(Tier::Standard, 1, None).await),
+        Err(Reason::TierAtCapacity)
+    );
+
+    redis.stop();
+    let mut during = Vec::new();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let r = a.admit(Tier::Standard, 1, q(10, 1000)).await;
+        assert_eq!(outcome(&r), Ok(true), "fails open while Redis is down");
+        assert!(started.elapsed() < Duration::from_millis(300), "bounded");
+        during.push(r);
+    }
+    let h = a.health();
+    assert_eq!(h["reachable"], false);
+    assert_eq!(h["fail_open_total"], 5);
+    assert_eq!(h["fail_open_inflight"], 5);
+    assert!(h["last_error"].is_string());
+    drop(during);
+    drop(held);
+    assert_eq!(a.health()["fail_open_inflight"], 0);
+
+    let redis = PrivateRedis::start(redis.port).await;
+    let redis_pid = redis.child.id();
+    let start = Instant::now();
+    while a.health()["reachable"] != true {
+        assert!(start.elapsed() < Duration::from_secs(5), "reconnects");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "admission back on Redis {:?} after restart",
+        start.elapsed()
+    );
+    let r = a.admit(Tier::Standard, 1, None).await;
+    assert_eq!(outcome(&r), Ok(false), "enforced again");
+    assert_eq!(
+        outcome(&a.admit(Tier::Standard, 1, None).await),
+        Err(Reason::TierAtCapacity)
+    );
+    drop(r);
+    ns.wait_empty(Tier::Standard, "slots").await;
+    assert_eq!(a.health()["held_slots"], 0);
+    assert_eq!(a.health()["fail_open_total"], 5);
+
+    // A hung Redis (stopped, connection open) costs one op timeout, then nothing.
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &redis_pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    let started = Instant::now();
+    let r = a.admit(Tier::Standard, 1, None).await;
+    let first = started.elapsed();
+    assert_eq!(outcome(&r), Ok(true));
+    assert!(
+        first < Duration::from_millis(400),
+        "bounded by the op timeout: {first:?}"
+    );
+    let started = Instant::now();
+    let r2 = a.admit(Tier::Standard, 1, None).await;
+    assert_eq!(outcome(&r2), Ok(true));
+    let second = started.elapsed();
+    assert!(
+        second < Duration::from_millis(20),
+        "then immediate: {second:?}"
+    );
+    println!("hung Redis: first admission {first:?}, next {second:?}");
+    drop((r, r2));
+    signal("-CONT");
+    let start = Instant::now();
+    while a.health()["reachable"] != true {
+        assert!(start.elapsed() < Duration::from_secs(5), "recovers");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        outcome(&a.admit(Tier::Standard, 1, None).await),
+        Ok(false),
+        "enforced again"
+    );
+    ns.wait_empty(Tier::Standard, "slots").await;
+}
+
+fn load(yaml: &str, env: &[(&str, &str)]) -> Result<sluice::config::Config, String> {
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let lookup = move |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    sluice::config::Config::from_yaml(yaml, "test.yaml", std::path::Path::new("."), None, &lookup)
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn coordination_config_defaults_overrides_and_validation() {
+    let c = load("{}", &[]).unwrap();
+    assert_eq!(c.coordination.redis_prefix, "sluice");
+    assert_eq!(c.coordination.lease_seconds, 5.0);
+    assert_eq!(c.coordination.op_timeout_ms, 250);
+    let (a, services) = sluice::admission::build(&c).unwrap();
+    assert_eq!((a.kind(), services.len()), ("local", 0));
+
+    let c = load(
+        "coordination: {redis_prefix: prod-a, lease_seconds: 2}",
+        &[
+            ("SLUICE_REDIS_URL", "redis://10.0.0.5:6379"),
+            ("SLUICE_REDIS_PREFIX", "prod-b"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.coordination.redis_prefix, "prod-b", "env over file");
+    assert_eq!(c.coordination.lease_ms(), 2000);
+    let (a, services) = sluice::admission::build(&c).unwrap();
+    assert_eq!((a.kind(), services.len()), ("redis", 1));
+    assert_eq!(a.health()["reachable"], false, "not connected before start");
+
+    for (yaml, expected) in [
+        (
+            "coordination: {redis_prefix: 'a b'}",
+            "test.yaml: coordination.redis_prefix:",
+        ),
+        (
+            "coordination: {lease_seconds: 0}",
+            "test.yaml: coordination.lease_seconds:",
+        ),
+        (
+            "coordination: {lease_seconds: 0.5}",
+            "test.yaml: coordination.lease_seconds: 0.5 s is shorter than 3 x",
+        ),
+        (
+            "coordination: {op_timeout_ms: 0}",
+            "test.yaml: coordination.op_timeout_ms:",
+        ),
+        (
+            "redis_url: 'http://x'",
+            "test.yaml: redis_url: not a usable Redis URL",
+        ),
+        ("coordination: {leases: 3}", "unknown field `leases`"),
+    ] {
+        let e = load(yaml, &[]).unwrap_err();
+        assert!(e.contains(expected), "{yaml}: {e}");
+    }
+}
