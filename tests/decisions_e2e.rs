@@ -133,15 +133,8 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
     assert!(m.contains("sluice_backend_healthy{backend=\""));
     assert!(m.contains("sluice_tier_state{tier=\"Standard\"} 0"));
 
-    let recent: Value = client()
-        .get(s.url("/decisions/recent?limit=2"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let d = recent["decisions"].as_array().unwrap();
+    let recent = s.recent("limit=2").await;
+    let d = &recent;
     assert_eq!(d.len(), 2);
     assert_eq!(d[0]["path"], "/v1/models", "newest first");
     assert_eq!(d[1]["completion_tokens"], 4);

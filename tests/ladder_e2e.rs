@@ -19,12 +19,7 @@ async fn queue_setup(max_wait_seconds: f64) -> (Proc, Proc, Sluice) {
         }),
     );
     let s = serve(&cfg).await;
-    client()
-        .put(od.url("/admin/latency"))
-        .json(&json!({"extra_ms": 800}))
-        .send()
-        .await
-        .unwrap();
+    sim_admin(&od, "/admin/latency", json!({"extra_ms": 800})).await;
     (od, sp, s)
 }
 
@@ -52,12 +47,7 @@ async fn queue_released_then_dropped_when_full() {
         Duration::from_secs(5),
         "a queued Standard request",
         || async {
-            let st = s.status().await;
-            let std = st["tiers"]
-                .as_array()?
-                .iter()
-                .find(|t| t["tier"] == "Standard")?
-                .clone();
+            let std = s.tier("Standard").await;
             (std["queued"] == 1 && std["inflight"] == 1).then_some(())
         },
     )
@@ -86,21 +76,8 @@ async fn queue_released_then_dropped_when_full() {
         "capacity 1 held at the backend"
     );
 
-    // Guaranteed never queues: at capacity it is refused with its own reason.
-    let recent: Value = client()
-        .get(s.url("/decisions/recent?limit=10"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let reasons: Vec<&str> = recent["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|d| d["reason"].as_str())
-        .collect();
+    let recent = s.recent("limit=10").await;
+    let reasons: Vec<&str> = recent.iter().filter_map(|d| d["reason"].as_str()).collect();
     assert!(
         reasons.contains(&"queue_released") && reasons.contains(&"queue_dropped"),
         "{reasons:?}"
@@ -132,14 +109,7 @@ async fn queue_times_out_at_its_deadline() {
         "{waited:?}"
     );
     assert_eq!(holder.await.unwrap().status(), 200);
-    let st = s.status().await;
-    let std = st["tiers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tier"] == "Standard")
-        .unwrap()
-        .clone();
+    let std = s.tier("Standard").await;
     assert_eq!(
         (std["queued"].as_u64(), std["inflight"].as_u64()),
         (Some(0), Some(0)),
@@ -157,12 +127,7 @@ async fn guaranteed_at_capacity_is_refused_not_queued() {
         json!({"tiers": {"Guaranteed": {"inflight_capacity": 1}}}),
     );
     let s = std::sync::Arc::new(serve(&cfg).await);
-    client()
-        .put(od.url("/admin/latency"))
-        .json(&json!({"extra_ms": 600}))
-        .send()
-        .await
-        .unwrap();
+    sim_admin(&od, "/admin/latency", json!({"extra_ms": 600})).await;
     let holder = {
         let s = s.clone();
         tokio::spawn(async move {

@@ -784,12 +784,7 @@ async fn sla_violations_drive_tiers_to_critical() {
     s.wait_tier_state("Standard", "Critical").await;
     let status = s.status().await;
     for tier in ["Best-Effort", "Standard"] {
-        let t = status["tiers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["tier"] == tier)
-            .unwrap();
+        let t = tier_status(&status, tier);
         assert_eq!(t["driver"], "sla_violation_rate", "{t}");
     }
     let reading = &status["signals"]["on-demand"]["sla_violation_rate"];

@@ -2,11 +2,12 @@
 //! real Redis (`SLUICE_TEST_REDIS_URL`, default 127.0.0.1:6379; each test in its own key
 //! prefix, deleted at the end). The outage test stops only its own private `redis-server`.
 
+mod common;
+use common::{free_port, PrivateRedis};
 use sluice::admission::{Admission, AdmissionControl, QueueParams, RedisAdmission, RedisSettings};
 use sluice::policy::{Reason, Tier};
 use std::hash::{BuildHasher, Hasher};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn test_url() -> String {
@@ -284,62 +285,6 @@ async fn a_dead_coordinators_slots_are_reclaimed_within_the_lease() {
     assert_eq!(survivor.health()["lost_leases_total"], 0);
     drop((mine, reclaimed));
     ns.wait_empty(Tier::Standard, "slots").await;
-}
-
-struct PrivateRedis {
-    child: Child,
-    port: u16,
-}
-
-impl PrivateRedis {
-    async fn start(port: u16) -> Self {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        let url = format!("redis://127.0.0.1:{port}");
-        let start = Instant::now();
-        loop {
-            let up = redis::Client::open(url.as_str())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                .is_ok();
-            if up {
-                break;
-            }
-            assert!(start.elapsed() < Duration::from_secs(5), "redis-server up");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        PrivateRedis { child, port }
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

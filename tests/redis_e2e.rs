@@ -7,7 +7,6 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use std::hash::{BuildHasher, Hasher};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -374,50 +373,6 @@ async fn a_killed_replicas_slots_return_within_the_lease() {
     wait_idle(&[survivor], &ns, Duration::from_secs(3)).await;
 }
 
-struct PrivateRedis {
-    child: Child,
-    port: u16,
-}
-
-impl PrivateRedis {
-    async fn start(port: u16) -> Self {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        let url = format!("redis://127.0.0.1:{port}");
-        wait_for(Duration::from_secs(5), "private redis-server", || async {
-            redis::Client::open(url.as_str())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                .ok()
-                .map(|_| ())
-        })
-        .await;
-        PrivateRedis { child, port }
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 /// (phase, status, reason) of every response of a background load.
 type Log = Arc<Mutex<Vec<(u8, u16, String)>>>;
 
@@ -501,13 +456,23 @@ async fn redis_stopped_mid_load_fails_open_then_enforces_again_without_leaks() {
     assert_eq!(during["reachable"], false, "{during}");
     assert!(during["fail_open_total"].as_u64().unwrap() > 0);
     assert!(during["last_error"].is_string());
-    let metrics = client().get(rs[0].url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = client()
+        .get(rs[0].url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let fail_open_metric = metrics
         .lines()
         .find(|l| l.starts_with("sluice_coordinator_events_total{event=\"fail_open\"}"))
         .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .unwrap_or(0);
-    assert!(fail_open_metric > 0, "fail-open admissions are counted on /metrics");
+    assert!(
+        fail_open_metric > 0,
+        "fail-open admissions are counted on /metrics"
+    );
 
     let _redis = PrivateRedis::start(redis.port).await;
     phase.store(3, Ordering::Relaxed);

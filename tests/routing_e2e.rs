@@ -7,13 +7,7 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 async fn set_health(sim: &Proc, healthy: bool) {
-    let r = client()
-        .put(sim.url("/admin/health"))
-        .json(&json!({"healthy": healthy}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    sim_admin(sim, "/admin/health", json!({"healthy": healthy})).await;
 }
 
 #[tokio::test]
@@ -37,18 +31,8 @@ async fn best_effort_is_evicted_from_an_unhealthy_spot_pool() {
         .await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-sluice-pool"), "on-demand");
-    let recent: Value = client()
-        .get(s.url("/decisions/recent?limit=1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(
-        recent["decisions"][0]["route_reason"],
-        "route_spot_unhealthy_evicted"
-    );
+    let recent = s.recent("limit=1").await;
+    assert_eq!(recent[0]["route_reason"], "route_spot_unhealthy_evicted");
     assert_eq!(sim_stats(&sp).await["received"], 0);
 
     set_health(&sp, true).await;
@@ -70,12 +54,7 @@ async fn spot_pressure_evicts_best_effort() {
     let od = sim("llama-3-70b", &[]).await;
     let sp = sim("llama-3-70b", &[]).await;
     let s = serve(&config(&[&od.addr], &[&sp.addr])).await;
-    client()
-        .put(sp.url("/admin/kv"))
-        .json(&json!({"usage": 0.95}))
-        .send()
-        .await
-        .unwrap();
+    sim_admin(&sp, "/admin/kv", json!({"usage": 0.95})).await;
     wait_for(Duration::from_secs(5), "spot Critical", || async {
         (s.status().await["spot_state"] == "Critical").then_some(())
     })
@@ -153,14 +132,7 @@ async fn sse_streams_chunk_by_chunk_and_holds_the_slot_until_the_end() {
         arrivals.push(started.elapsed());
         text.push_str(&String::from_utf8_lossy(&chunk));
         if arrivals.len() == 5 {
-            let st = s.status().await;
-            let t = st["tiers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|t| t["tier"] == "Standard")
-                .unwrap()
-                .clone();
+            let t = s.tier("Standard").await;
             inflight_mid_stream = t["inflight"].as_u64();
         }
     }
@@ -185,25 +157,13 @@ async fn sse_streams_chunk_by_chunk_and_holds_the_slot_until_the_end() {
         Duration::from_secs(3),
         "the slot to be released",
         || async {
-            let st = s.status().await;
-            let t = st["tiers"]
-                .as_array()?
-                .iter()
-                .find(|t| t["tier"] == "Standard")?
-                .clone();
+            let t = s.tier("Standard").await;
             (t["inflight"] == 0).then_some(())
         },
     )
     .await;
-    let recent: Value = client()
-        .get(s.url("/decisions/recent?limit=1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let d = &recent["decisions"][0];
+    let recent = s.recent("limit=1").await;
+    let d = &recent[0];
     assert_eq!(
         d["completion_tokens"], 25,
         "usage read from the final SSE chunk"

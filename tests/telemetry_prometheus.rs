@@ -91,11 +91,10 @@ fn reading<'a>(status: &'a Value, pool: &str, signal: &str) -> &'a Value {
 }
 
 fn tier_state(status: &Value, tier: &str) -> String {
-    status["tiers"]
-        .as_array()
-        .and_then(|ts| ts.iter().find(|t| t["tier"] == tier))
-        .map(|t| t["state"].as_str().unwrap_or("").to_string())
-        .unwrap_or_default()
+    tier_status(status, tier)["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
 }
 
 /// Waits until `/status` shows `signal` of `pool` from Prometheus at `value` (± 0.01).

@@ -204,7 +204,46 @@ pub async fn serve(cfg: &Value) -> Sluice {
     serve_with(cfg, &[], true).await
 }
 
+/// One tier's entry of a `/status` document (`Null` when absent).
+pub fn tier_status(status: &Value, tier: &str) -> Value {
+    status["tiers"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["tier"] == tier))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Flips a simulator switch (`/admin/health`, `/admin/latency`, `/admin/kv`).
+pub async fn sim_admin(sim: &Proc, path: &str, body: Value) {
+    let r = client()
+        .put(sim.url(path))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "simulator {path}");
+}
+
 impl Sluice {
+    /// `/status` of one tier.
+    pub async fn tier(&self, tier: &str) -> Value {
+        tier_status(&self.status().await, tier)
+    }
+
+    /// The `decisions` of `/decisions/recent?QUERY`.
+    pub async fn recent(&self, query: &str) -> Vec<Value> {
+        let url = self.url(&format!("/decisions/recent?{query}"));
+        let v: Value = client()
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["decisions"].as_array().cloned().unwrap_or_default()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("sluice.log")).unwrap_or_default()
     }
@@ -235,15 +274,7 @@ impl Sluice {
         wait_for(
             Duration::from_secs(10),
             &format!("{tier} to be {state}"),
-            || async {
-                let s = self.status().await;
-                let found = s["tiers"]
-                    .as_array()?
-                    .iter()
-                    .find(|t| t["tier"] == tier)?
-                    .clone();
-                (found["state"] == state).then_some(())
-            },
+            || async { (self.tier(tier).await["state"] == state).then_some(()) },
         )
         .await
     }
@@ -283,4 +314,50 @@ pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
         .get(name)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
+}
+
+/// A Redis server of the test's own on `port` (no persistence), for tests that stop Redis:
+/// the machine's shared server is never touched.
+pub struct PrivateRedis {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl PrivateRedis {
+    pub async fn start(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        let url = format!("redis://127.0.0.1:{port}");
+        wait_for(Duration::from_secs(5), "private redis-server", || async {
+            redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .ok()
+                .map(|_| ())
+        })
+        .await;
+        PrivateRedis { child, port }
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
