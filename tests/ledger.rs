@@ -17,100 +17,11 @@ use tokio::task::{AbortHandle, JoinHandle};
 
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
-fn pg() -> postgres::Client {
-    postgres::Client::connect(
-        "host=127.0.0.1 port=5432 user=postgres dbname=test",
-        postgres::NoTls,
-    )
-    .expect("PostgreSQL on 127.0.0.1:5432, database test")
-}
-
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
-}
-
-/// A schema of this test's own, dropped (with everything in it) at the end; also names the
-/// test's spool directory.
-struct Schema(String);
-
-impl Schema {
-    fn name() -> String {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        format!(
-            "sluice_t_{}_{:x}_{}",
-            std::process::id(),
-            nanos,
-            free_port()
-        )
-    }
-
-    fn create() -> Schema {
-        let s = Schema(Self::name());
-        pg().batch_execute(&format!("CREATE SCHEMA {}", s.0))
-            .unwrap();
-        s
-    }
-
-    fn spool_dir(&self) -> PathBuf {
-        std::env::temp_dir().join(format!("sluice-spool-{}", self.0))
-    }
-
-    fn table(&self, t: &str) -> String {
-        format!("{}.{t}", self.0)
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        let _ = std::fs::remove_dir_all(self.spool_dir());
-        // A thread of its own: this may run inside an async test, where the sync client's
-        // runtime cannot start.
-        let _ = std::thread::spawn(move || {
-            if let Ok(mut c) = postgres::Client::connect(
-                "host=127.0.0.1 port=5432 user=postgres dbname=test",
-                postgres::NoTls,
-            ) {
-                let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"));
-            }
-        })
-        .join();
-    }
-}
-
-/// Runs SQL from an async test on a blocking thread.
-async fn sql<T: Send + 'static>(f: impl FnOnce(&mut postgres::Client) -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(move || f(&mut pg()))
-        .await
-        .unwrap()
-}
-
-async fn create_schema() -> Schema {
-    tokio::task::spawn_blocking(Schema::create).await.unwrap()
-}
-
-/// request id → number of rows with it.
-async fn row_counts(schema: &Schema) -> HashMap<String, i64> {
-    let t = schema.table("decisions");
-    sql(move |c| {
-        c.query(
-            &format!("SELECT request_id, count(*) FROM {t} GROUP BY request_id"),
-            &[],
-        )
-        .map(|rows| {
-            rows.iter()
-                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
-                .collect()
-        })
-        .unwrap_or_default()
-    })
-    .await
 }
 
 async fn wait_rows(schema: &Schema, n: usize, within: Duration) -> HashMap<String, i64> {
