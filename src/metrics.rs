@@ -25,6 +25,8 @@ const QUEUE_BUCKETS: &[f64] = &[
 
 pub struct Metrics {
     registry: Registry,
+    /// Tenants that have their own label value (bounded by `metrics.max_tenants`).
+    tenants: std::sync::Mutex<std::collections::HashSet<String>>,
     pub decisions: IntCounterVec,
     pub request_duration: HistogramVec,
     pub ttfb: HistogramVec,
@@ -42,6 +44,8 @@ pub struct Metrics {
     /// Coordinator events counted by the coordinator itself (fail-open admissions, reclaimed and
     /// lost leases), mirrored here when `/metrics` is rendered.
     pub coordinator_events: IntCounterVec,
+    pub sla: IntCounterVec,
+    pub tenant_requests: IntCounterVec,
     pub signal_available: IntGaugeVec,
     pub spot_state: IntGauge,
     pub tier_threshold: GaugeVec,
@@ -114,6 +118,9 @@ impl Metrics {
             tier_threshold: gauge("sluice_tier_threshold", "Configured threshold per tier, signal and level (elevated, critical); absent when the step is disabled.", &["tier", "signal", "level"]),
             sla_target: gauge("sluice_tier_sla_target_seconds", "Configured SLA latency target per tier.", &["tier"]),
             dependency_up: igauge("sluice_dependency_up", "1 when a configured dependency (ledger, coordinator, prometheus) is healthy, 0 when not.", &["dependency"]),
+            sla: counter("sluice_sla_requests_total", "Completed proxied requests by tier and whether they met their tier's SLA target.", &["tier", "outcome"]),
+            tenant_requests: counter("sluice_tenant_requests_total", "Requests by tenant (only with metrics.tenant_label; tenants past metrics.max_tenants are counted as other).", &["tenant", "tier", "decision"]),
+            tenants: Default::default(),
             registry,
         };
         // Zero series for the finite upstream-error label set, so `rate()` and dashboards see
@@ -124,6 +131,16 @@ impl Metrics {
             }
         }
         metrics
+    }
+
+    /// The tenant's label value: its name while fewer than `max` tenants have one, else `other`.
+    pub fn tenant_label(&self, tenant: &str, max: usize) -> String {
+        let mut seen = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(tenant) || (seen.len() < max && seen.insert(tenant.to_string())) {
+            tenant.to_string()
+        } else {
+            "other".to_string()
+        }
     }
 
     pub fn render(&self) -> Vec<u8> {

@@ -148,3 +148,67 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
     let parsed: Value = serde_json::from_str(line).unwrap();
     assert_eq!(parsed["reason"], "endpoint_not_shapeable");
 }
+
+#[tokio::test]
+async fn tenant_label_is_opt_in_and_capped() {
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b", &[]).await;
+    let metrics = |s: &Sluice| {
+        let url = s.url("/metrics");
+        async move {
+            client()
+                .get(url)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    let plain = serve(&config(&[&od.addr], &[&sp.addr])).await;
+    plain
+        .chat("support-bot", chat_body("llama-3-70b", Some(2)))
+        .await;
+    assert!(
+        !metrics(&plain)
+            .await
+            .contains("sluice_tenant_requests_total{"),
+        "off by default"
+    );
+
+    let mut cfg = config(&[&od.addr], &[&sp.addr]);
+    merge(
+        &mut cfg,
+        json!({"metrics": {"tenant_label": true, "max_tenants": 2}}),
+    );
+    let s = serve(&cfg).await;
+    for tenant in [
+        "support-bot",
+        "coding-assistant",
+        "tenant-3",
+        "tenant-4",
+        "support-bot",
+    ] {
+        assert_eq!(
+            s.chat(tenant, chat_body("llama-3-70b", Some(2)))
+                .await
+                .status(),
+            200
+        );
+    }
+    let m = metrics(&s).await;
+    let tenants: std::collections::BTreeSet<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("sluice_tenant_requests_total{"))
+        .filter_map(|l| l.split("tenant=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(
+        tenants.into_iter().collect::<Vec<_>>(),
+        ["coding-assistant", "other", "support-bot"]
+    );
+    assert!(
+        m.contains(r#"sluice_sla_requests_total{outcome="met",tier="Guaranteed"} 2"#),
+        "{m}"
+    );
+}

@@ -34,6 +34,7 @@ pub struct Config {
     pub routing: RoutingConfig,
     pub limits: LimitsConfig,
     pub decisions: DecisionsConfig,
+    pub metrics: MetricsConfig,
     /// PostgreSQL decision ledger (`SLUICE_DATABASE_URL`).
     pub database_url: Option<String>,
     /// How the ledger writes, spools and reads; used only when `database_url` is set.
@@ -70,6 +71,7 @@ impl Default for Config {
             routing: RoutingConfig::default(),
             limits: LimitsConfig::default(),
             decisions: DecisionsConfig::default(),
+            metrics: MetricsConfig::default(),
             database_url: None,
             ledger: LedgerConfig::default(),
             redis_url: None,
@@ -479,6 +481,26 @@ pub struct DecisionsConfig {
 impl Default for DecisionsConfig {
     fn default() -> Self {
         Self { ring_size: 1000 }
+    }
+}
+
+/// `/metrics` options. Every label set is bounded: tenants are unbounded, so a tenant label is
+/// off unless asked for, and then capped.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Export `sluice_tenant_requests_total{tenant,tier,decision}`.
+    pub tenant_label: bool,
+    /// Distinct tenants given their own label value; later ones are counted as `other`.
+    pub max_tenants: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            tenant_label: false,
+            max_tenants: 100,
+        }
     }
 }
 

@@ -94,6 +94,9 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     if !(c.queue.max_wait_seconds.is_finite() && c.queue.max_wait_seconds > 0.0) {
         return err("queue.max_wait_seconds", "must be > 0".into());
     }
+    if c.metrics.tenant_label && !(1..=10_000).contains(&c.metrics.max_tenants) {
+        return err("metrics.max_tenants", "must be between 1 and 10000".into());
+    }
     if c.limits.max_body_bytes == 0 {
         return err("limits.max_body_bytes", "must be > 0".into());
     }

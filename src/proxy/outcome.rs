@@ -281,6 +281,17 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
                 .observe(o.as_secs_f64());
         }
     }
+    if let Some(violated) = record.sla_violated {
+        let outcome = if violated { "violated" } else { "met" };
+        m.sla.with_label_values(&[tier_name, outcome]).inc();
+    }
+    let metrics_cfg = &app.config.load().metrics;
+    if metrics_cfg.tenant_label {
+        let tenant = m.tenant_label(&record.tenant, metrics_cfg.max_tenants);
+        m.tenant_requests
+            .with_label_values(&[tenant.as_str(), tier_name, label])
+            .inc();
+    }
     log::info!(target: "sluice::request", "{}", serde_json::to_string(&record).unwrap_or_default());
     let record = Arc::new(record);
     for sink in &app.sinks {
