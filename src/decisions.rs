@@ -2,7 +2,7 @@
 //! outcome. Kept in an in-memory ring for `/decisions/recent` and written as one JSON log line.
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
@@ -45,14 +45,19 @@ pub trait DecisionQuery: Send + Sync {
     async fn recent(&self, filter: &RecentFilter) -> Result<Vec<serde_json::Value>, String>;
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SignalsUsed {
     pub pressure: Option<f64>,
     pub queue_depth: Option<f64>,
     pub sla_violation_rate: Option<f64>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+/// Owned and deserialisable: the same type is the ledger's row, its spool line and the answer of
+/// `/decisions/recent`. `#[serde(default)]` lets a spool written by an older build (fewer
+/// fields) still be replayed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct DecisionRecord {
     pub request_id: String,
     /// Unix time in milliseconds.
@@ -63,11 +68,11 @@ pub struct DecisionRecord {
     pub method: String,
     pub path: String,
     /// pass, degrade, queue, fallback, reject, or error (Sluice could not proxy).
-    pub decision: &'static str,
-    pub reason: &'static str,
-    pub state: &'static str,
-    pub pool: Option<&'static str>,
-    pub route_reason: Option<&'static str>,
+    pub decision: String,
+    pub reason: String,
+    pub state: String,
+    pub pool: Option<String>,
+    pub route_reason: Option<String>,
     pub backend: Option<String>,
     pub requested_model: Option<String>,
     pub routed_model: Option<String>,
@@ -85,7 +90,7 @@ pub struct DecisionRecord {
     pub sla_violated: Option<bool>,
     pub signals: SignalsUsed,
     /// queue_released, queue_timed_out or queue_dropped when the request met the queue.
-    pub queue_outcome: Option<&'static str>,
+    pub queue_outcome: Option<String>,
     /// client_gone, upstream_error, upstream_timeout, connect_error, or Sluice's own refusal.
     pub error: Option<String>,
 }

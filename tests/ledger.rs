@@ -738,11 +738,11 @@ fn writer_throughput() {
             tier: "Standard".into(),
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
-            decision: "pass",
-            reason: "",
-            state: "Normal",
-            pool: Some("on-demand"),
-            route_reason: Some("route_preferred"),
+            decision: "pass".into(),
+            reason: String::new(),
+            state: "Normal".into(),
+            pool: Some("on-demand".into()),
+            route_reason: Some("route_tier_pool".into()),
             backend: Some("10.0.0.1:8000".into()),
             requested_model: Some("llama-3-70b".into()),
             routed_model: Some("llama-3-70b".into()),
@@ -759,7 +759,7 @@ fn writer_throughput() {
             sla_target_ms: Some(1000),
             sla_violated: Some(false),
             signals: Default::default(),
-            queue_outcome: (i % 10 == 0).then_some("queue_released"),
+            queue_outcome: (i % 10 == 0).then(|| "queue_released".into()),
             error: None,
         }));
     }
@@ -870,7 +870,7 @@ fn a_row_postgres_refuses_is_dropped_alone() {
             received_at_ms: now_ms(),
             tenant: tenant.into(),
             tier: "Standard".into(),
-            decision: "pass",
+            decision: "pass".into(),
             ..Default::default()
         }));
     }

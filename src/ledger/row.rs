@@ -3,53 +3,11 @@
 //! `/decisions/recent` answers the same shape from PostgreSQL as from the in-memory ring.
 
 use crate::decisions::DecisionRecord;
-use serde::{Deserialize, Serialize};
 
-/// The signals a decision was made on (mirrors [`crate::decisions::SignalsUsed`]).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct SignalsRow {
-    pub pressure: Option<f64>,
-    pub queue_depth: Option<f64>,
-    pub sla_violation_rate: Option<f64>,
-}
-
-/// One decision row. Field order and names follow [`DecisionRecord`]; `#[serde(default)]` lets a
-/// spool written by an older build (fewer fields) still be replayed.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct LedgerRow {
-    pub request_id: String,
-    pub received_at_ms: u64,
-    pub replica: String,
-    pub tenant: String,
-    pub tier: String,
-    pub method: String,
-    pub path: String,
-    pub decision: String,
-    pub reason: String,
-    pub state: String,
-    pub pool: Option<String>,
-    pub route_reason: Option<String>,
-    pub backend: Option<String>,
-    pub requested_model: Option<String>,
-    pub routed_model: Option<String>,
-    pub requested_max_tokens: Option<i64>,
-    pub applied_max_tokens: Option<i64>,
-    pub stream: bool,
-    pub queue_wait_ms: Option<f64>,
-    pub status: u16,
-    pub latency_ms: f64,
-    pub ttfb_ms: Option<f64>,
-    pub overhead_us: Option<f64>,
-    pub prompt_tokens: Option<u64>,
-    pub completion_tokens: Option<u64>,
-    pub sla_target_ms: Option<u64>,
-    pub sla_violated: Option<bool>,
-    pub signals: SignalsRow,
-    pub queue_outcome: Option<String>,
-    pub error: Option<String>,
-}
+/// The ledger's row is the decision record itself (owned, deserialisable); these names keep the
+/// ledger's code reading as rows.
+pub type LedgerRow = DecisionRecord;
+pub type SignalsRow = crate::decisions::SignalsUsed;
 
 /// A queue lifecycle event derived from a row (`queue_queued`, `queue_released`,
 /// `queue_timed_out`, `queue_dropped`).
@@ -76,8 +34,9 @@ fn opt_text(s: Option<&str>) -> Option<String> {
     s.map(text)
 }
 
-impl From<&DecisionRecord> for LedgerRow {
-    fn from(r: &DecisionRecord) -> Self {
+/// A copy fit for PostgreSQL and the JSON spool: NUL-free text, a finite latency.
+pub fn sanitized(r: &DecisionRecord) -> LedgerRow {
+    {
         LedgerRow {
             request_id: text(&r.request_id),
             received_at_ms: r.received_at_ms,
@@ -86,11 +45,11 @@ impl From<&DecisionRecord> for LedgerRow {
             tier: text(&r.tier),
             method: text(&r.method),
             path: text(&r.path),
-            decision: r.decision.to_string(),
-            reason: r.reason.to_string(),
-            state: r.state.to_string(),
-            pool: r.pool.map(str::to_string),
-            route_reason: r.route_reason.map(str::to_string),
+            decision: text(&r.decision),
+            reason: text(&r.reason),
+            state: text(&r.state),
+            pool: opt_text(r.pool.as_deref()),
+            route_reason: opt_text(r.route_reason.as_deref()),
             backend: opt_text(r.backend.as_deref()),
             requested_model: opt_text(r.requested_model.as_deref()),
             routed_model: opt_text(r.routed_model.as_deref()),
@@ -116,7 +75,7 @@ impl From<&DecisionRecord> for LedgerRow {
                 queue_depth: r.signals.queue_depth,
                 sla_violation_rate: r.signals.sla_violation_rate,
             },
-            queue_outcome: r.queue_outcome.map(str::to_string),
+            queue_outcome: opt_text(r.queue_outcome.as_deref()),
             error: opt_text(r.error.as_deref()),
         }
     }
@@ -181,11 +140,11 @@ mod tests {
             tier: "Standard".into(),
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
-            decision: "degrade",
-            reason: "degrade_pressure_elevated",
-            state: "Elevated",
-            pool: Some("on-demand"),
-            route_reason: Some("route_preferred"),
+            decision: "degrade".into(),
+            reason: "degrade_pressure_elevated".into(),
+            state: "Elevated".into(),
+            pool: Some("on-demand".into()),
+            route_reason: Some("route_tier_pool".into()),
             backend: Some("127.0.0.1:8001".into()),
             requested_model: Some("m".into()),
             routed_model: Some("m".into()),
@@ -206,18 +165,17 @@ mod tests {
                 queue_depth: Some(0.0),
                 sla_violation_rate: None,
             },
-            queue_outcome: Some("queue_released"),
+            queue_outcome: Some("queue_released".into()),
             error: None,
         }
     }
 
     #[test]
-    fn serialises_exactly_like_the_record_and_round_trips() {
+    fn round_trips_through_json_and_sanitises_text() {
         let rec = record();
-        let row = LedgerRow::from(&rec);
-        let a = serde_json::to_string(&rec).unwrap();
+        let row = sanitized(&rec);
+        assert_eq!(row, rec, "a clean record is unchanged");
         let b = serde_json::to_string(&row).unwrap();
-        assert_eq!(a, b, "same names, same order");
         let back: LedgerRow = serde_json::from_str(&b).unwrap();
         assert_eq!(back, row);
         let old: LedgerRow = serde_json::from_str(r#"{"request_id":"x"}"#).unwrap();
@@ -225,14 +183,14 @@ mod tests {
         let mut nul = record();
         nul.requested_model = Some("a\0b".into());
         assert_eq!(
-            LedgerRow::from(&nul).requested_model.as_deref(),
+            sanitized(&nul).requested_model.as_deref(),
             Some("a\u{FFFD}b")
         );
     }
 
     #[test]
     fn queue_events_follow_the_outcome() {
-        let mut row = LedgerRow::from(&record());
+        let mut row = sanitized(&record());
         let ev = row.queue_events();
         assert_eq!(
             ev.iter().map(|e| e.event).collect::<Vec<_>>(),

@@ -17,7 +17,7 @@
 //! Lock order, everywhere: in-flight → spool → buffer. The sink takes only the buffer's lock.
 
 use super::db::{Db, InsertError};
-use super::row::LedgerRow;
+use super::row::{sanitized, LedgerRow};
 use super::spool::Spool;
 use crate::decisions::{DecisionRecord, DecisionSink};
 use async_trait::async_trait;
@@ -322,7 +322,7 @@ impl Ledger {
             self.stats.inflight_unspooled.store(0, Ordering::Relaxed);
         }
         let records: Vec<_> = lock(&self.buffer).drain(..).collect();
-        rows.extend(records.iter().map(|r| LedgerRow::from(r.as_ref())));
+        rows.extend(records.iter().map(|r| sanitized(r.as_ref())));
         if rows.is_empty() {
             return;
         }
@@ -447,12 +447,8 @@ impl Ledger {
             if records.is_empty() {
                 return Step::Idle;
             }
-            let rows: Arc<Vec<LedgerRow>> = Arc::new(
-                records
-                    .iter()
-                    .map(|r| LedgerRow::from(r.as_ref()))
-                    .collect(),
-            );
+            let rows: Arc<Vec<LedgerRow>> =
+                Arc::new(records.iter().map(|r| sanitized(r.as_ref())).collect());
             self.set_inflight(
                 &mut inflight,
                 Some(Inflight {
@@ -759,7 +755,7 @@ mod tests {
         l.set_inflight(
             &mut lock(&l.inflight),
             Some(Inflight {
-                rows: Arc::new(vec![LedgerRow::from(rec(0).as_ref())]),
+                rows: Arc::new(vec![sanitized(rec(0).as_ref())]),
                 spooled: false,
             }),
         );

@@ -231,11 +231,18 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         tier: tier_name.to_string(),
         method: req.method.as_str().to_string(),
         path: req.uri.path().to_string(),
-        decision: label,
-        reason,
-        state: ctx.decision.as_ref().map_or("", |d| d.state.as_str()),
-        pool: ctx.pool.filter(|_| proxied).map(|p| p.as_str()),
-        route_reason: ctx.route_reason.filter(|_| proxied).map(Reason::as_str),
+        decision: label.to_string(),
+        reason: reason.to_string(),
+        state: ctx
+            .decision
+            .as_ref()
+            .map_or("", |d| d.state.as_str())
+            .to_string(),
+        pool: ctx.pool.filter(|_| proxied).map(|p| p.as_str().to_string()),
+        route_reason: ctx
+            .route_reason
+            .filter(|_| proxied)
+            .map(|r| r.as_str().to_string()),
         backend: ctx.backend.clone(),
         requested_model: ctx.facts.as_ref().and_then(|f| f.model.clone()),
         routed_model: ctx
@@ -260,7 +267,7 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
             sla_violation_rate: signals.sla_violation_rate,
         },
         error: ctx.error.clone(),
-        queue_outcome: queue_outcome(ctx),
+        queue_outcome: queue_outcome(ctx).map(str::to_string),
     };
     let m = &app.metrics;
     m.decisions
