@@ -113,14 +113,7 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
         .send()
         .await
         .unwrap();
-    let m = client()
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = s.metrics().await;
     assert!(
         m.contains(r#"sluice_decisions_total{decision="pass",reason="below_tier_pressure_threshold",tier="Guaranteed"} 3"#),
         "{m}"

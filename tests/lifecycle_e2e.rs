@@ -104,7 +104,7 @@ async fn sigterm_drains_twenty_streams_with_ledger_and_redis() {
     let od = sim("llama-3-70b", &["--itl-ms", "20", "--max-running", "64"]).await;
     let sp = sim("llama-3-70b", &[]).await;
     let schema = create_schema().await;
-    let prefix = format!("sluice-drain-{}-{}", std::process::id(), free_port());
+    let ns = RedisNs::new(&shared_redis_url());
     let mut cfg = config(&[&od.addr], &[&sp.addr]);
     merge(
         &mut cfg,
@@ -114,8 +114,8 @@ async fn sigterm_drains_twenty_streams_with_ledger_and_redis() {
             "queue": {"max_wait_seconds": 15},
             "database_url": "postgres://postgres@127.0.0.1:5432/test",
             "ledger": {"schema": schema.0, "spool_dir": schema.spool_dir().display().to_string()},
-            "redis_url": "redis://127.0.0.1:6379",
-            "coordination": {"redis_prefix": prefix},
+            "redis_url": ns.url,
+            "coordination": {"redis_prefix": ns.prefix},
         }),
     );
     let mut s = serve(&cfg).await;
@@ -187,21 +187,7 @@ async fn sigterm_drains_twenty_streams_with_ledger_and_redis() {
     for id in &ids {
         assert_eq!(rows.get(id), Some(&1), "ledger row for {id}");
     }
-    let mut redis = redis::Client::open("redis://127.0.0.1:6379")
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query(&mut redis)
-        .unwrap();
-    for key in keys.iter().filter(|k| k.ends_with(":slots")) {
-        let held: u64 = redis::cmd("ZCARD").arg(key).query(&mut redis).unwrap();
-        assert_eq!(held, 0, "{key} still holds slots");
-    }
-    if !keys.is_empty() {
-        let _: () = redis::cmd("DEL").arg(&keys).query(&mut redis).unwrap();
-    }
+    assert!(ns.idle(), "no admission slot or queue entry left in Redis");
 }
 
 #[tokio::test]
@@ -281,11 +267,7 @@ async fn sighup_reloads_tenants_and_keeps_the_old_config_when_invalid() {
     for l in load {
         statuses.extend(l.await.unwrap());
     }
-    assert!(
-        statuses.len() > 4,
-        "load ran ({} requests)",
-        statuses.len()
-    );
+    assert!(statuses.len() > 4, "load ran ({} requests)", statuses.len());
     assert!(
         statuses.iter().all(|&st| st == 200),
         "a request failed across a reload: {statuses:?}"

@@ -3,46 +3,29 @@
 //! prefix, deleted at the end). The outage test stops only its own private `redis-server`.
 
 mod common;
-use common::{free_port, PrivateRedis};
+use common::{free_port, shared_redis_url, PrivateRedis, RedisNs};
 use sluice::admission::{Admission, AdmissionControl, QueueParams, RedisAdmission, RedisSettings};
 use sluice::policy::{Reason, Tier};
-use std::hash::{BuildHasher, Hasher};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn test_url() -> String {
-    std::env::var("SLUICE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    shared_redis_url()
 }
 
-/// A random key prefix whose keys are deleted on drop.
-struct Ns {
-    prefix: String,
-    url: String,
+/// The shared namespace helper with the coordinator-level conveniences these tests use.
+type Ns = RedisNs;
+
+trait NsExt {
+    fn zcount(&self, tier: Tier, kind: &str) -> u64;
+    async fn coordinator(&self, replica: &str, lease_ms: u64) -> RedisAdmission;
+    async fn coordinator_with(&self, replica: &str, lease_ms: u64, op_ms: u64) -> RedisAdmission;
+    async fn wait_empty(&self, tier: Tier, kind: &str);
 }
 
-impl Ns {
-    fn new(url: &str) -> Self {
-        let n = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
-        Ns {
-            prefix: format!("sluice-test-{n:016x}"),
-            url: url.into(),
-        }
-    }
-
-    fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url.as_str())
-            .unwrap()
-            .get_connection()
-            .expect("these tests need a Redis at SLUICE_TEST_REDIS_URL or 127.0.0.1:6379")
-    }
-
-    fn zcard(&self, tier: Tier, kind: &str) -> u64 {
-        redis::cmd("ZCARD")
-            .arg(format!("{}:{}:{kind}", self.prefix, tier.as_str()))
-            .query(&mut self.conn())
-            .unwrap()
+impl NsExt for Ns {
+    fn zcount(&self, tier: Tier, kind: &str) -> u64 {
+        self.zcard(tier.as_str(), kind).expect("Redis reachable")
     }
 
     async fn coordinator(&self, replica: &str, lease_ms: u64) -> RedisAdmission {
@@ -67,29 +50,13 @@ impl Ns {
     /// Releases are spawned from `Slot::drop`; wait for them to land.
     async fn wait_empty(&self, tier: Tier, kind: &str) {
         let start = Instant::now();
-        while self.zcard(tier, kind) != 0 {
+        while self.zcount(tier, kind) != 0 {
             assert!(
                 start.elapsed() < Duration::from_secs(3),
                 "{kind} of {tier} still holds {}",
-                self.zcard(tier, kind)
+                self.zcount(tier, kind)
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let Ok(mut c) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
-        else {
-            return;
-        };
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}:*", self.prefix))
-            .query(&mut c)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut c);
         }
     }
 }
@@ -127,7 +94,7 @@ async fn two_coordinators_capacity_one_exactly_one_wins() {
                 assert_eq!(reason, Reason::TierAtCapacity);
             }
         }
-        assert_eq!(ns.zcard(Tier::Standard, "slots"), 1);
+        assert_eq!(ns.zcount(Tier::Standard, "slots"), 1);
         drop((ra, rb));
         ns.wait_empty(Tier::Standard, "slots").await;
     }
@@ -158,7 +125,7 @@ async fn fifo_order_holds_across_coordinators() {
         // Arrival order is what FIFO promises; space the arrivals out so it is unambiguous.
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    assert_eq!(ns.zcard(Tier::Standard, "queue"), 8);
+    assert_eq!(ns.zcount(Tier::Standard, "queue"), 8);
     drop(held);
     let mut order = Vec::new();
     for _ in 0..8 {
@@ -169,7 +136,7 @@ async fn fifo_order_holds_across_coordinators() {
         t.await.unwrap();
     }
     ns.wait_empty(Tier::Standard, "slots").await;
-    assert_eq!(ns.zcard(Tier::Standard, "queue"), 0);
+    assert_eq!(ns.zcount(Tier::Standard, "queue"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -190,7 +157,7 @@ async fn queue_bound_holds_across_coordinators_and_timed_out_entries_are_removed
             (outcome(&r), started.elapsed())
         }));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(ns.zcard(Tier::Standard, "queue") <= 3, "bound exceeded");
+        assert!(ns.zcount(Tier::Standard, "queue") <= 3, "bound exceeded");
     }
     let mut dropped = 0;
     let mut timed_out = 0;
@@ -209,8 +176,8 @@ async fn queue_bound_holds_across_coordinators_and_timed_out_entries_are_removed
     }
     assert_eq!((timed_out, dropped), (3, 4));
     // Each timed-out waiter removed its own entry before answering.
-    assert_eq!(ns.zcard(Tier::Standard, "queue"), 0);
-    assert_eq!(ns.zcard(Tier::Standard, "deadlines"), 0);
+    assert_eq!(ns.zcount(Tier::Standard, "queue"), 0);
+    assert_eq!(ns.zcount(Tier::Standard, "deadlines"), 0);
 
     // A waiter whose replica died mid-wait blocks the head only until its deadline.
     let mut c = ns.conn();
@@ -240,7 +207,7 @@ async fn queue_bound_holds_across_coordinators_and_timed_out_entries_are_removed
     );
     drop(r);
     ns.wait_empty(Tier::Standard, "slots").await;
-    assert_eq!(ns.zcard(Tier::Standard, "queue"), 0);
+    assert_eq!(ns.zcount(Tier::Standard, "queue"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -278,7 +245,7 @@ async fn a_dead_coordinators_slots_are_reclaimed_within_the_lease() {
     assert_eq!(survivor.health()["reclaimed_leases_total"], 2);
     tokio::time::sleep(Duration::from_millis(3 * lease)).await;
     assert_eq!(
-        ns.zcard(Tier::Standard, "slots"),
+        ns.zcount(Tier::Standard, "slots"),
         2,
         "live leases were renewed"
     );

@@ -6,7 +6,6 @@
 mod common;
 use common::*;
 use serde_json::{json, Value};
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,65 +13,12 @@ use std::time::{Duration, Instant};
 const STANDARD: &str = "coding-assistant";
 const GUARANTEED: &str = "support-bot";
 const BEST_EFFORT: &str = "batch-analytics";
-const TIERS: [&str; 3] = ["Guaranteed", "Standard", "Best-Effort"];
 
 fn shared_url() -> String {
-    std::env::var("SLUICE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    shared_redis_url()
 }
 
-/// A random key prefix, deleted on drop.
-struct Ns {
-    prefix: String,
-    url: String,
-}
-
-impl Ns {
-    fn new(url: &str) -> Self {
-        let n = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
-        Ns {
-            prefix: format!("sluice-e2e-{n:016x}"),
-            url: url.into(),
-        }
-    }
-
-    fn zcard(&self, tier: &str, kind: &str) -> Option<u64> {
-        let mut c = redis::Client::open(self.url.as_str())
-            .ok()?
-            .get_connection()
-            .ok()?;
-        redis::cmd("ZCARD")
-            .arg(format!("{}:{tier}:{kind}", self.prefix))
-            .query(&mut c)
-            .ok()
-    }
-
-    /// Every tier's slots and queue in Redis are empty.
-    fn redis_idle(&self) -> bool {
-        TIERS.iter().all(|t| {
-            self.zcard(t, "slots") == Some(0)
-                && self.zcard(t, "queue") == Some(0)
-                && self.zcard(t, "deadlines") == Some(0)
-        })
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let Ok(mut c) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
-        else {
-            return;
-        };
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}:*", self.prefix))
-            .query(&mut c)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut c);
-        }
-    }
-}
+type Ns = RedisNs;
 
 /// A replica's config: one simulator for both pools, the given Redis and prefix.
 fn replica_cfg(sim: &str, ns: &Ns, patch: Value) -> Value {
@@ -129,7 +75,7 @@ async fn wait_idle(rs: &[&Sluice], ns: &Ns, within: Duration) -> Duration {
                 return None;
             }
         }
-        ns.redis_idle().then_some(())
+        ns.idle().then_some(())
     })
     .await;
     start.elapsed()
@@ -456,14 +402,7 @@ async fn redis_stopped_mid_load_fails_open_then_enforces_again_without_leaks() {
     assert_eq!(during["reachable"], false, "{during}");
     assert!(during["fail_open_total"].as_u64().unwrap() > 0);
     assert!(during["last_error"].is_string());
-    let metrics = client()
-        .get(rs[0].url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = rs[0].metrics().await;
     let fail_open_metric = metrics
         .lines()
         .find(|l| l.starts_with("sluice_coordinator_events_total{event=\"fail_open\"}"))

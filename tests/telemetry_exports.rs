@@ -224,14 +224,7 @@ async fn both_sources_exported_metrics_and_the_grafana_dashboard() {
         .await;
     assert_eq!(r.status(), 429);
 
-    let text = client()
-        .get(sluice.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = sluice.metrics().await;
     let exported = exported_names(&text);
     for name in [
         "sluice_request_duration_seconds_bucket",

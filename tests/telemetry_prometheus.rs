@@ -116,14 +116,7 @@ async fn wait_signal(sluice: &Sluice, pool: &str, signal: &str, value: f64) -> V
 }
 
 async fn metrics(sluice: &Sluice) -> String {
-    client()
-        .get(sluice.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    sluice.metrics().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,6 +45,23 @@ where
     }
 }
 
+/// Waits until `url` answers 200.
+pub async fn wait_ok(url: &str, within: Duration, what: &str) {
+    let c = client();
+    wait_for(within, what, || {
+        let c = c.clone();
+        async move {
+            c.get(url)
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status() == 200)
+                .map(|_| ())
+        }
+    })
+    .await
+}
+
 /// A child process killed on drop.
 pub struct Proc {
     pub child: Child,
@@ -79,20 +96,11 @@ pub async fn sim(models: &str, extra: &[&str]) -> Proc {
         .spawn()
         .expect("spawn sluice sim");
     let p = Proc { child, addr };
-    let c = client();
-    let url = p.url("/health");
-    wait_for(Duration::from_secs(10), "simulator /health", || {
-        let c = c.clone();
-        let url = url.clone();
-        async move {
-            c.get(&url)
-                .send()
-                .await
-                .ok()
-                .filter(|r| r.status() == 200)
-                .map(|_| ())
-        }
-    })
+    wait_ok(
+        &p.url("/health"),
+        Duration::from_secs(10),
+        "simulator /health",
+    )
     .await;
     p
 }
@@ -183,20 +191,11 @@ pub async fn serve_with(cfg: &Value, env: &[(&str, &str)], wait_ready: bool) -> 
         proc: Proc { child, addr },
         dir,
     };
-    let c = client();
-    let url = s.url(if wait_ready { "/readyz" } else { "/livez" });
-    wait_for(Duration::from_secs(15), "sluice to become ready", || {
-        let c = c.clone();
-        let url = url.clone();
-        async move {
-            c.get(&url)
-                .send()
-                .await
-                .ok()
-                .filter(|r| r.status() == 200)
-                .map(|_| ())
-        }
-    })
+    wait_ok(
+        &s.url(if wait_ready { "/readyz" } else { "/livez" }),
+        Duration::from_secs(15),
+        "sluice to become ready",
+    )
     .await;
     s
 }
@@ -226,6 +225,18 @@ pub async fn sim_admin(sim: &Proc, path: &str, body: Value) {
 }
 
 impl Sluice {
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// `/status` of one tier.
     pub async fn tier(&self, tier: &str) -> Value {
         tier_status(&self.status().await, tier)
@@ -453,4 +464,72 @@ pub async fn row_counts(schema: &Schema) -> HashMap<String, i64> {
         .unwrap_or_default()
     })
     .await
+}
+
+/// The machine's shared Redis (or `SLUICE_TEST_REDIS_URL`).
+pub fn shared_redis_url() -> String {
+    std::env::var("SLUICE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A random key prefix of one test in a Redis; its keys are deleted on drop.
+pub struct RedisNs {
+    pub prefix: String,
+    pub url: String,
+}
+
+impl RedisNs {
+    pub fn new(url: &str) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let n = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        RedisNs {
+            prefix: format!("sluice-test-{n:016x}"),
+            url: url.into(),
+        }
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url.as_str())
+            .unwrap()
+            .get_connection()
+            .expect("these tests need a Redis at SLUICE_TEST_REDIS_URL or 127.0.0.1:6379")
+    }
+
+    /// Members of a tier's sorted set (`slots`, `queue`, `deadlines`); `None` while Redis is down.
+    pub fn zcard(&self, tier: &str, kind: &str) -> Option<u64> {
+        let mut c = redis::Client::open(self.url.as_str())
+            .ok()?
+            .get_connection()
+            .ok()?;
+        redis::cmd("ZCARD")
+            .arg(format!("{}:{tier}:{kind}", self.prefix))
+            .query(&mut c)
+            .ok()
+    }
+
+    /// Every tier's slots, queue and deadlines are empty.
+    pub fn idle(&self) -> bool {
+        ["Guaranteed", "Standard", "Best-Effort"].iter().all(|t| {
+            ["slots", "queue", "deadlines"]
+                .iter()
+                .all(|k| self.zcard(t, k) == Some(0))
+        })
+    }
+}
+
+impl Drop for RedisNs {
+    fn drop(&mut self) {
+        let Ok(mut c) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
+        else {
+            return;
+        };
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.prefix))
+            .query(&mut c)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut c);
+        }
+    }
 }
