@@ -336,13 +336,17 @@ async fn upgrade_hands_over_listeners_without_failing_a_request() {
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let log = std::fs::File::create(old.dir.join("new.log")).unwrap();
-    let mut new = Command::new(BIN)
-        .args(["serve", "-u", "--config"])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    // Killed on drop, so a failing assertion cannot leave it running.
+    let _new = Proc {
+        child: Command::new(BIN)
+            .args(["serve", "-u", "--config"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+        addr: old.addr.clone(),
+    };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let quit = Instant::now();
     signal(old.pid(), "-QUIT");
@@ -399,6 +403,4 @@ async fn upgrade_hands_over_listeners_without_failing_a_request() {
     );
     let r = client().get(old.url("/readyz")).send().await.unwrap();
     assert_eq!(r.status(), 200, "the new process serves");
-    let _ = new.kill();
-    let _ = new.wait();
 }
