@@ -15,7 +15,7 @@ use pingora::prelude::RoundRobin;
 use pingora::services::background::{background_service, GenBackgroundService};
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 pub type Balancer = LoadBalancer<RoundRobin>;
@@ -28,30 +28,48 @@ struct CheckRecord {
     last_check: Option<Instant>,
 }
 
-/// What the health checks have seen, keyed by backend address.
+/// What the health checks have seen, keyed by backend address. Read on every request (the health
+/// rule), written once per check: a read-write lock over a map keyed by the address itself, so a
+/// lookup neither allocates nor contends with other requests.
 #[derive(Debug, Default)]
 pub struct HealthRegistry {
-    records: Mutex<HashMap<String, CheckRecord>>,
+    records: RwLock<HashMap<BackendKey, CheckRecord>>,
+}
+
+/// Backends are TCP addresses (plain HTTP to the fleet); `Display` only for the rare other kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum BackendKey {
+    Inet(std::net::SocketAddr),
+    Other(String),
+}
+
+impl BackendKey {
+    fn of(b: &Backend) -> Self {
+        match b.addr.as_inet() {
+            Some(a) => BackendKey::Inet(*a),
+            None => BackendKey::Other(b.addr.to_string()),
+        }
+    }
 }
 
 impl HealthRegistry {
-    fn record(&self, addr: String, result: &pingora::Result<()>) {
-        let mut map = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        let r = map.entry(addr).or_default();
+    fn record(&self, key: BackendKey, result: &pingora::Result<()>) {
+        let mut map = self.records.write().unwrap_or_else(|e| e.into_inner());
+        let r = map.entry(key).or_default();
         r.last_ok = result.is_ok();
         r.passed_once |= r.last_ok;
         r.last_error = result.as_ref().err().map(|e| e.to_string());
         r.last_check = Some(Instant::now());
     }
 
-    fn get(&self, addr: &str) -> CheckRecord {
-        let map = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(addr).cloned().unwrap_or_default()
+    fn get(&self, b: &Backend) -> CheckRecord {
+        let map = self.records.read().unwrap_or_else(|e| e.into_inner());
+        map.get(&BackendKey::of(b)).cloned().unwrap_or_default()
     }
 
-    fn passed_once(&self, addr: &str) -> bool {
-        let map = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(addr).is_some_and(|r| r.passed_once)
+    fn passed_once(&self, b: &Backend) -> bool {
+        let map = self.records.read().unwrap_or_else(|e| e.into_inner());
+        map.get(&BackendKey::of(b)).is_some_and(|r| r.passed_once)
     }
 }
 
@@ -65,7 +83,7 @@ struct RecordingCheck {
 impl HealthCheck for RecordingCheck {
     async fn check(&self, target: &Backend) -> pingora::Result<()> {
         let result = self.inner.check(target).await;
-        self.registry.record(target.addr.to_string(), &result);
+        self.registry.record(BackendKey::of(target), &result);
         result
     }
 
@@ -184,7 +202,7 @@ impl PoolSet {
                     .backends()
                     .get_backend()
                     .iter()
-                    .all(|b| self.registry.get(&b.addr.to_string()).last_check.is_some())
+                    .all(|b| self.registry.get(b).last_check.is_some())
             });
             if done {
                 self.all_checked.store(true, Ordering::Relaxed);
@@ -198,7 +216,7 @@ impl PoolSet {
     }
 
     pub fn usable(&self, h: &PoolHandle, b: &Backend) -> bool {
-        h.balancer.backends().ready(b) && self.registry.passed_once(&b.addr.to_string())
+        h.balancer.backends().ready(b) && self.registry.passed_once(b)
     }
 
     /// A usable backend of `h`, avoiding `exclude` (the one that just failed) when possible.
@@ -206,7 +224,7 @@ impl PoolSet {
         let pick = |skip: Option<&str>| {
             h.balancer.select_with(b"", 256, |b, healthy| {
                 healthy
-                    && self.registry.passed_once(&b.addr.to_string())
+                    && self.registry.passed_once(b)
                     && skip.is_none_or(|s| s != b.addr.to_string())
             })
         };
@@ -249,7 +267,7 @@ impl PoolSet {
             .iter()
             .map(|b| {
                 let addr = b.addr.to_string();
-                let r = self.registry.get(&addr);
+                let r = self.registry.get(b);
                 BackendStatus {
                     healthy: self.usable(h, b),
                     checked: r.last_check.is_some(),

@@ -127,6 +127,7 @@ pub struct SignalHub {
     pools: [PoolCell; 2],
     engine: Mutex<PolicyEngine>,
     state: ArcSwap<PolicyState>,
+    rules: ArcSwap<PolicyRules>,
     prometheus: ArcSwapOption<PrometheusHealth>,
     /// The `signals.source` the samplers were started with (a reload cannot change it).
     source: OnceLock<&'static str>,
@@ -152,6 +153,7 @@ impl SignalHub {
             clock,
             stale_after_ms,
             pools: [cell(), cell()],
+            rules: ArcSwap::from_pointee(rules.clone()),
             engine: Mutex::new(PolicyEngine::new(rules)),
             state: ArcSwap::from_pointee(PolicyState::initial()),
             prometheus: ArcSwapOption::empty(),
@@ -168,11 +170,13 @@ impl SignalHub {
         self.state.load_full()
     }
 
-    pub fn rules(&self) -> PolicyRules {
-        self.engine_lock().rules().clone()
+    /// The rules in force; lock-free, so the request path never waits on a policy tick.
+    pub fn rules(&self) -> Arc<PolicyRules> {
+        self.rules.load_full()
     }
 
     pub fn set_rules(&self, rules: PolicyRules) {
+        self.rules.store(Arc::new(rules.clone()));
         self.engine_lock().set_rules(rules);
     }
 
