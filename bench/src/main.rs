@@ -1,0 +1,226 @@
+//! `sluice-bench`: Sluice's benchmark harness (issue 6).
+//!
+//! One scenario description ([`scenario`]) drives two engines: an in-process deterministic
+//! model ([`model`]: the pure policy core in simulated time against a model of the simulator)
+//! and a live run ([`live`]: real `sluice sim` backends, a real `sluice serve`, real HTTP).
+//! Both produce the same records ([`record`]), summarised by [`report`] into markdown tables and
+//! plotted by [`svg`]. [`overhead`] measures the proxy's added latency against nginx with wrk,
+//! and [`soak`] watches Sluice's memory over a long steady run.
+//!
+//! `sluice-bench all` runs everything and rewrites its sections of `bench/RESULTS.md`.
+
+mod live;
+mod model;
+mod overhead;
+mod procs;
+mod record;
+mod report;
+mod results;
+mod scenario;
+mod sluice_conf;
+mod soak;
+mod svg;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use record::Mode;
+use sluice_conf::SlaSignal;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice-bench",
+    about = "Sluice benchmarks: tier protection, overhead, soak"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Common {
+    /// The `sluice` binary (default: next to this one).
+    #[arg(long)]
+    pub sluice_bin: Option<PathBuf>,
+    /// Where JSON, SVG and generated configs go.
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+    /// Rewrite this harness's sections of this markdown file.
+    #[arg(long)]
+    pub results_md: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ScenarioArgs {
+    /// Built-in scenario names or YAML paths, comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "seed,seed-forced,seed-defaults,overload,spot-failure,bursty"
+    )]
+    pub scenarios: Vec<String>,
+    /// Modes, comma separated: baseline (Guaranteed arrivals alone, direct; only for scenarios
+    /// with `baseline: true`), direct, phase1, phase2.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "baseline,direct,phase1,phase2"
+    )]
+    pub modes: Vec<String>,
+    /// live (real HTTP), model (in-process, simulated time) or both.
+    #[arg(long, default_value = "both")]
+    pub engine: String,
+    /// Source of phase 2's SLA-violation-rate signal.
+    #[arg(long, value_enum, default_value = "ledger")]
+    pub sla_signal: SlaSignal,
+    /// JSON deep-merged into every scenario's `sluice:` knobs (for exploring a setting).
+    #[arg(long)]
+    pub sluice_override: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Everything: scenarios (model and live), proxy overhead, soak; rewrites the results.
+    All {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        scen: ScenarioArgs,
+        /// Seconds per wrk run in the overhead bench.
+        #[arg(long, default_value_t = 8)]
+        overhead_seconds: u64,
+        /// Minutes of the soak run.
+        #[arg(long, default_value_t = 3.0)]
+        soak_minutes: f64,
+    },
+    /// Run scenarios in the chosen modes and engines.
+    Run {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        scen: ScenarioArgs,
+    },
+    /// Proxy overhead at fixed concurrency with wrk: direct, Sluice, Sluice with ledger and
+    /// Redis admission, nginx.
+    Overhead {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+        /// Connection counts.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+        connections: Vec<u32>,
+    },
+    /// A steady run that samples Sluice's RSS.
+    Soak {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, default_value_t = 3.0)]
+        minutes: f64,
+        /// Requests per second.
+        #[arg(long, default_value_t = 40.0)]
+        rate: f64,
+    },
+    /// Model only, over many seeds: mean and range of each tier's violations per mode. For
+    /// calibrating a scenario without trusting one lucky seed.
+    Calibrate {
+        #[command(flatten)]
+        scen: ScenarioArgs,
+        #[arg(long, default_value_t = 10)]
+        seeds: u64,
+    },
+    /// Print a scenario (YAML) or its generated arrivals (JSON lines).
+    Scenario {
+        name: String,
+        #[arg(long)]
+        arrivals: bool,
+    },
+}
+
+fn modes(names: &[String]) -> Result<Vec<Mode>, String> {
+    names
+        .iter()
+        .map(|m| Mode::parse(m.trim()).ok_or_else(|| format!("unknown mode {m:?}")))
+        .collect()
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sluice-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        let work = run(cli.command);
+        // Dropping the work on Ctrl-C or SIGTERM drops every child process handle, which kills
+        // the simulators, Sluice and nginx instead of leaving them listening.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| e.to_string())?;
+        tokio::select! {
+            r = work => r,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
+            _ = term.recv() => Err("terminated".to_string()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> Result<(), String> {
+    match command {
+        Command::All {
+            common,
+            scen,
+            overhead_seconds,
+            soak_minutes,
+        } => {
+            let mut common = common;
+            if common.results_md.is_none() {
+                common.results_md = Some(PathBuf::from("bench/RESULTS.md"));
+            }
+            results::run_scenarios(&common, &scen, &modes(&scen.modes)?).await?;
+            overhead::run(&common, overhead_seconds, &[1, 16, 64]).await?;
+            soak::run(&common, soak_minutes, 40.0).await
+        }
+        Command::Run { common, scen } => {
+            results::run_scenarios(&common, &scen, &modes(&scen.modes)?).await
+        }
+        Command::Overhead {
+            common,
+            seconds,
+            connections,
+        } => overhead::run(&common, seconds, &connections).await,
+        Command::Soak {
+            common,
+            minutes,
+            rate,
+        } => soak::run(&common, minutes, rate).await,
+        Command::Calibrate { scen, seeds } => {
+            results::calibrate(&scen, &modes(&scen.modes)?, seeds)
+        }
+        Command::Scenario { name, arrivals } => {
+            let s = scenario::Scenario::load(&name)?;
+            if arrivals {
+                for a in s.arrivals() {
+                    println!("{}", serde_json::to_string(&a).map_err(|e| e.to_string())?);
+                }
+            } else {
+                print!("{}", serde_yaml::to_string(&s).map_err(|e| e.to_string())?);
+            }
+            Ok(())
+        }
+    }
+}

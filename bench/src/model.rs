@@ -1,0 +1,532 @@
+//! The deterministic in-process engine: the scenario's arrivals replayed in simulated time
+//! against Sluice's pure policy core (`PolicyEngine::observe` / `decide`, with the rules parsed
+//! from the same generated config the live run uses) and a model of the simulator's scheduler
+//! (KV budget, running limit, FIFO waiting queue, latency growing with KV usage).
+//!
+//! It is a model, not a replay of the live system: Sluice's admission and queue, health checks
+//! and the SLA-rate window are re-implemented here in a few lines each, and the proxy itself
+//! costs nothing. Its value is speed (a run takes milliseconds, so scenarios can be calibrated
+//! and policies compared) and a cross-check: when model and live disagree, one of them is wrong.
+
+use std::collections::VecDeque;
+
+use sluice::config::Config;
+use sluice::policy::{
+    self, tenant_policy::PolicyRules, Action, PolicyEngine, PolicyState, Pool, PoolSignals, Reason,
+    RequestFacts, Tier,
+};
+
+use crate::record::{Mode, RequestRecord, Run, Sample};
+use crate::scenario::{Arrival, EventKind, Scenario, SimParams};
+
+/// Simulated-time step. The live simulator paces decode in 3–20 ms batches, so 2 ms is finer
+/// than anything the live run can resolve.
+const DT_MS: f64 = 2.0;
+/// How long after the arrival window the model keeps draining before calling the rest timeouts.
+const DRAIN_LIMIT_MS: f64 = 300_000.0;
+
+struct Job {
+    rec: usize,
+    need: u64,
+    prompt: u64,
+    tokens: u64,
+    /// Remaining prefill, set at admission.
+    prefill_left: f64,
+    decode_left: f64,
+    first_token: bool,
+    /// The Sluice tier slot this job holds, released when it ends.
+    slot: Option<Tier>,
+}
+
+struct Engine {
+    p: SimParams,
+    kv_used: u64,
+    running: Vec<Job>,
+    waiting: VecDeque<Job>,
+    healthy: bool,
+}
+
+/// What a job did during one step.
+enum Step {
+    FirstToken(usize),
+    Done(Job),
+}
+
+impl Engine {
+    fn new(p: SimParams) -> Self {
+        Self {
+            p,
+            kv_used: 0,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            healthy: true,
+        }
+    }
+
+    fn usage(&self) -> f64 {
+        (self.kv_used as f64 / self.p.kv_tokens.max(1) as f64).min(1.0)
+    }
+
+    fn factor(&self) -> f64 {
+        1.0 + self.p.load_slowdown * self.usage()
+    }
+
+    fn fits(&self, need: u64) -> bool {
+        self.running.len() < self.p.max_running && self.kv_used + need <= self.p.kv_tokens
+    }
+
+    /// Strict FIFO, as vLLM's scheduler and the simulator: a big head blocks smaller followers.
+    fn admit(&mut self) {
+        while let Some(head) = self.waiting.front() {
+            if !self.fits(head.need) {
+                break;
+            }
+            let Some(mut job) = self.waiting.pop_front() else {
+                break;
+            };
+            self.kv_used += job.need;
+            // The simulator computes the prefill time after taking the reservation.
+            let base = self.p.ttft_ms as f64
+                + job.prompt as f64 * self.p.prefill_us_per_token as f64 / 1000.0;
+            job.prefill_left = base * self.factor();
+            job.decode_left = job.tokens.saturating_sub(1) as f64;
+            self.running.push(job);
+        }
+    }
+
+    fn step(&mut self, dt: f64, out: &mut Vec<Step>) {
+        let itl = self.p.itl_ms * self.factor();
+        let mut i = 0;
+        while i < self.running.len() {
+            let job = &mut self.running[i];
+            let mut left = dt;
+            if job.prefill_left > 0.0 {
+                let used = left.min(job.prefill_left);
+                job.prefill_left -= used;
+                left -= used;
+            }
+            if job.prefill_left <= 0.0 && !job.first_token {
+                job.first_token = true;
+                out.push(Step::FirstToken(job.rec));
+            }
+            if job.first_token && left > 0.0 {
+                job.decode_left -= if itl > 0.0 { left / itl } else { f64::INFINITY };
+            }
+            if job.first_token && job.decode_left <= 0.0 {
+                let job = self.running.swap_remove(i);
+                self.kv_used -= job.need;
+                out.push(Step::Done(job));
+            } else {
+                i += 1;
+            }
+        }
+        self.admit();
+    }
+}
+
+struct Queued {
+    rec: usize,
+    enqueued: f64,
+    deadline: f64,
+    target: Target,
+}
+
+/// Where an admitted request goes and how many tokens it will generate.
+#[derive(Clone, Copy)]
+struct Target {
+    engine: usize,
+    tokens: u64,
+    fallback: bool,
+}
+
+const ON_DEMAND: usize = 0;
+const SPOT: usize = 1;
+
+/// The proxy's state in the model.
+struct Proxy {
+    rules: PolicyRules,
+    policy: PolicyEngine,
+    state: PolicyState,
+    scrape_ms: u64,
+    next_scrape: f64,
+    inflight: [u32; 3],
+    queues: [VecDeque<Queued>; 3],
+    queue_max: usize,
+    queue_wait_ms: f64,
+    has_fallback: bool,
+    /// Spot as Sluice's health checks see it.
+    spot_seen_healthy: bool,
+    hc_interval: f64,
+    next_hc: f64,
+    hc_fail: usize,
+    hc_ok: usize,
+    fail_needed: usize,
+    ok_needed: usize,
+    sla_window_ms: Option<f64>,
+}
+
+pub struct ModelInput<'a> {
+    pub scenario: &'a Scenario,
+    pub mode: Mode,
+    pub arrivals: &'a [Arrival],
+    /// The mode's Sluice config (Sluice modes only).
+    pub config: Option<&'a Config>,
+    /// Feed the SLA-violation rate to the policy, over this window.
+    pub sla_window_ms: Option<u64>,
+}
+
+pub fn run(input: ModelInput<'_>) -> Run {
+    let s = input.scenario;
+    let arrivals = input.arrivals;
+    let sla_ms = [s.sla_ms.guaranteed, s.sla_ms.standard, s.sla_ms.best_effort];
+    let mut engines = [
+        Engine::new(s.backends.on_demand),
+        Engine::new(s.backends.spot),
+    ];
+    let mut records: Vec<RequestRecord> = arrivals
+        .iter()
+        .map(|a| RequestRecord {
+            id: a.id,
+            tier: a.tier,
+            at_ms: a.at_ms,
+            send_lag_ms: 0.0,
+            status: 0,
+            latency_ms: 0.0,
+            ttft_ms: None,
+            stream: a.stream,
+            requested_tokens: a.max_tokens,
+            completion_tokens: 0,
+            decision: if input.mode.uses_sluice() {
+                String::new()
+            } else {
+                "direct".into()
+            },
+            reason: String::new(),
+            pool: String::new(),
+            queue_wait_ms: None,
+        })
+        .collect();
+    let mut proxy = input.config.map(|cfg| {
+        let rules = cfg.policy_rules();
+        let hc = &cfg.pools.spot.health_check;
+        Proxy {
+            policy: PolicyEngine::new(rules.clone()),
+            rules,
+            state: PolicyState::initial(),
+            scrape_ms: cfg.signals.scrape_interval_ms,
+            next_scrape: 0.0,
+            inflight: [0; 3],
+            queues: Default::default(),
+            queue_max: cfg.queue.max_size,
+            queue_wait_ms: cfg.queue.max_wait_ms() as f64,
+            has_fallback: !cfg.fallbacks.is_empty(),
+            spot_seen_healthy: true,
+            hc_interval: hc.interval_ms as f64,
+            next_hc: 0.0,
+            hc_fail: 0,
+            hc_ok: 0,
+            fail_needed: hc.consecutive_failure.max(1),
+            ok_needed: hc.consecutive_success.max(1),
+            sla_window_ms: input.sla_window_ms.map(|w| w as f64),
+        }
+    });
+    let mut events = s.events.clone();
+    events.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    let mut next_event = 0;
+    let mut next_arrival = 0;
+    let mut samples = Vec::new();
+    let sample_ms = 200.0;
+    let mut next_sample = 0.0;
+    // Completions in time order, for the SLA-rate window: (end time, violated).
+    let mut completions: VecDeque<(f64, bool)> = VecDeque::new();
+    let horizon = s.duration_s * 1000.0;
+    let mut now = 0.0f64;
+    let mut steps = Vec::new();
+    let mut open = arrivals.len();
+
+    while (open > 0 || next_arrival < arrivals.len()) && now <= horizon + DRAIN_LIMIT_MS {
+        while next_event < events.len() && events[next_event].at_s * 1000.0 <= now {
+            match events[next_event].kind {
+                EventKind::SpotHealthy(h) => engines[SPOT].healthy = h,
+            }
+            next_event += 1;
+        }
+        if let Some(p) = proxy.as_mut() {
+            if now >= p.next_hc {
+                p.next_hc += p.hc_interval;
+                if engines[SPOT].healthy {
+                    p.hc_fail = 0;
+                    p.hc_ok += 1;
+                    if p.hc_ok >= p.ok_needed {
+                        p.spot_seen_healthy = true;
+                    }
+                } else {
+                    p.hc_ok = 0;
+                    p.hc_fail += 1;
+                    if p.hc_fail >= p.fail_needed {
+                        p.spot_seen_healthy = false;
+                    }
+                }
+            }
+            if now >= p.next_scrape {
+                p.next_scrape += p.scrape_ms as f64;
+                let sla_rate = p.sla_window_ms.and_then(|w| {
+                    while completions.front().is_some_and(|c| c.0 < now - w) {
+                        completions.pop_front();
+                    }
+                    (!completions.is_empty()).then(|| {
+                        completions.iter().filter(|c| c.1).count() as f64 / completions.len() as f64
+                    })
+                });
+                let od = &engines[ON_DEMAND];
+                let sp = &engines[SPOT];
+                let signals = PoolSignals {
+                    pressure: Some(s.forced_pressure_at(now).unwrap_or(od.usage() * 100.0)),
+                    queue_depth: Some(od.waiting.len() as f64),
+                    sla_violation_rate: sla_rate,
+                };
+                let spot = PoolSignals {
+                    pressure: Some(sp.usage() * 100.0),
+                    queue_depth: Some(sp.waiting.len() as f64),
+                    sla_violation_rate: None,
+                };
+                p.state = p.policy.observe(&signals, &spot, now as u64);
+            }
+        }
+        if now >= next_sample {
+            next_sample += sample_ms;
+            let p = proxy.as_ref();
+            samples.push(Sample {
+                t_ms: now as u64,
+                kv_on_demand: Some(engines[ON_DEMAND].usage() * 100.0),
+                kv_spot: Some(engines[SPOT].usage() * 100.0),
+                waiting_on_demand: Some(engines[ON_DEMAND].waiting.len() as f64),
+                policy_pressure: p.and_then(|p| p.state.signals.pressure),
+                states: p.map(|p| p.state.tiers.map(|t| t.state)),
+                fallback_active: p.map(|p| p.state.fallback_active),
+                inflight: p.map(|p| p.inflight.map(u64::from)),
+                queued: p.map(|p| p.queues.each_ref().map(|q| q.len() as u64)),
+            });
+        }
+        while next_arrival < arrivals.len() && arrivals[next_arrival].at_ms as f64 <= now {
+            let pos = next_arrival;
+            let a = &arrivals[pos];
+            next_arrival += 1;
+            let rec = &mut records[pos];
+            match proxy.as_mut() {
+                None => {
+                    let engine = if a.tier == Tier::BestEffort {
+                        SPOT
+                    } else {
+                        ON_DEMAND
+                    };
+                    rec.pool = if engine == SPOT { "spot" } else { "on-demand" }.into();
+                    let t = Target {
+                        engine,
+                        tokens: a.max_tokens,
+                        fallback: false,
+                    };
+                    if !dispatch(&mut engines, pos, a, t, None, rec, now) {
+                        open -= 1;
+                    }
+                }
+                Some(p) => {
+                    if !arrive(p, &mut engines, pos, a, rec, now) {
+                        open -= 1;
+                    }
+                }
+            }
+        }
+        if let Some(p) = proxy.as_mut() {
+            for tier in Tier::ALL {
+                let q = &mut p.queues[tier.index()];
+                while q.front().is_some_and(|x| x.deadline <= now) {
+                    let Some(x) = q.pop_front() else { break };
+                    let r = &mut records[x.rec];
+                    r.status = 429;
+                    r.decision = "queue".into();
+                    r.reason = Reason::QueueTimedOut.as_str().into();
+                    r.latency_ms = now - r.at_ms as f64;
+                    r.queue_wait_ms = Some(now - x.enqueued);
+                    open -= 1;
+                }
+            }
+        }
+        for engine in engines.iter_mut() {
+            steps.clear();
+            engine.step(DT_MS, &mut steps);
+            for st in steps.drain(..) {
+                match st {
+                    Step::FirstToken(i) => {
+                        let r = &mut records[i];
+                        if r.stream {
+                            r.ttft_ms = Some(now + DT_MS - r.at_ms as f64);
+                        }
+                    }
+                    Step::Done(job) => {
+                        let end = now + DT_MS;
+                        let r = &mut records[job.rec];
+                        r.status = 200;
+                        r.latency_ms = end - r.at_ms as f64;
+                        r.completion_tokens = job.tokens;
+                        let violated = r.latency_ms > sla_ms[r.tier.index()] as f64;
+                        completions.push_back((end, violated));
+                        open -= 1;
+                        if let (Some(p), Some(tier)) = (proxy.as_mut(), job.slot) {
+                            p.inflight[tier.index()] -= 1;
+                        }
+                    }
+                }
+            }
+        }
+        // Slots freed this step go to queued requests, FIFO per tier.
+        if let Some(p) = proxy.as_mut() {
+            for tier in Tier::ALL {
+                let cap = p.rules.tier(tier).inflight_capacity;
+                while !p.queues[tier.index()].is_empty()
+                    && (cap == 0 || p.inflight[tier.index()] < cap)
+                {
+                    let Some(x) = p.queues[tier.index()].pop_front() else {
+                        break;
+                    };
+                    p.inflight[tier.index()] += 1;
+                    let r = &mut records[x.rec];
+                    r.decision = "queue".into();
+                    r.reason = Reason::QueueReleased.as_str().into();
+                    r.queue_wait_ms = Some(now - x.enqueued);
+                    let a = &arrivals[x.rec];
+                    if !dispatch(&mut engines, x.rec, a, x.target, Some(tier), r, now) {
+                        p.inflight[tier.index()] -= 1;
+                        open -= 1;
+                    }
+                }
+            }
+        }
+        now += DT_MS;
+    }
+    for r in &mut records {
+        if r.status == 0 {
+            r.latency_ms = now - r.at_ms as f64;
+        }
+    }
+    Run {
+        scenario: s.name.clone(),
+        mode: input.mode,
+        engine: "model",
+        duration_s: s.duration_s,
+        records,
+        samples,
+        overhead: None,
+        cooldown_ms: proxy.as_ref().map_or(0, |p| p.rules.stability.cooldown_ms),
+        recovery_marker_ms: s.recovery_marker_s.map(|x| (x * 1000.0) as u64),
+        sla_ms,
+        sluice_rss_kib: None,
+        notes: Vec::new(),
+    }
+}
+
+/// One arrival through the modelled proxy. Returns false when the request ended right away.
+fn arrive(
+    p: &mut Proxy,
+    engines: &mut [Engine; 2],
+    pos: usize,
+    a: &Arrival,
+    rec: &mut RequestRecord,
+    now: f64,
+) -> bool {
+    let facts = RequestFacts {
+        tier: a.tier,
+        shapeable: true,
+        fallback_available: p.has_fallback && p.spot_seen_healthy,
+        spot_healthy: p.spot_seen_healthy,
+    };
+    let d = policy::decide(&p.state, &p.rules, &facts);
+    rec.decision = d.action.name().into();
+    rec.reason = d.reason.as_str().into();
+    if d.action == Action::Reject {
+        rec.status = 429;
+        return false;
+    }
+    let tokens = match d.action.max_tokens_cap() {
+        Some(cap) => a.max_tokens.min(u64::from(cap)),
+        None => a.max_tokens,
+    };
+    let target = Target {
+        engine: if d.pool == Pool::OnDemand {
+            ON_DEMAND
+        } else {
+            SPOT
+        },
+        tokens,
+        fallback: d.pool == Pool::Fallback,
+    };
+    rec.pool = d.pool.as_str().into();
+    let tier = a.tier;
+    let cap = p.rules.tier(tier).inflight_capacity;
+    if cap == 0 || p.inflight[tier.index()] < cap {
+        p.inflight[tier.index()] += 1;
+        if dispatch(engines, pos, a, target, Some(tier), rec, now) {
+            return true;
+        }
+        p.inflight[tier.index()] -= 1;
+        return false;
+    }
+    if d.queue_eligible && p.queues[tier.index()].len() < p.queue_max {
+        p.queues[tier.index()].push_back(Queued {
+            rec: pos,
+            enqueued: now,
+            deadline: now + p.queue_wait_ms,
+            target,
+        });
+        return true;
+    }
+    rec.status = 429;
+    rec.decision = if d.queue_eligible { "queue" } else { "reject" }.into();
+    rec.reason = if d.queue_eligible {
+        Reason::QueueDropped
+    } else {
+        Reason::TierAtCapacity
+    }
+    .as_str()
+    .into();
+    false
+}
+
+/// Hands a request (its index in the run's records) to a backend; false when the backend
+/// refused it at once.
+fn dispatch(
+    engines: &mut [Engine; 2],
+    pos: usize,
+    a: &Arrival,
+    t: Target,
+    slot: Option<Tier>,
+    rec: &mut RequestRecord,
+    now: f64,
+) -> bool {
+    let e = &mut engines[t.engine];
+    if t.fallback {
+        rec.pool = "fallback".into();
+    }
+    if !e.healthy {
+        rec.status = 503;
+        rec.latency_ms = now - a.at_ms as f64;
+        return false;
+    }
+    let need = a.prompt_tokens + t.tokens;
+    if need > e.p.kv_tokens {
+        rec.status = 400;
+        return false;
+    }
+    e.waiting.push_back(Job {
+        rec: pos,
+        need,
+        prompt: a.prompt_tokens,
+        tokens: t.tokens,
+        prefill_left: 0.0,
+        decode_left: 0.0,
+        first_token: false,
+        slot,
+    });
+    e.admit();
+    true
+}

@@ -1,0 +1,505 @@
+//! Proxy overhead at fixed concurrency, measured with `wrk` against a simulator that answers
+//! instantly: straight to the backend, through Sluice (full policy pipeline, in-process
+//! admission), through Sluice with the PostgreSQL ledger and Redis admission, and through nginx
+//! as a plain reverse proxy, all in the same run so the ratios to nginx compare like with like.
+//!
+//! nginx is our own instance (`nginx -p <temp prefix> -c <generated conf>`) on a free port, with
+//! as many workers as Sluice has threads; the system nginx is never touched.
+
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::procs::{self, HttpClient, Proc, WorkDir};
+use crate::report;
+use crate::results::{self, Environment};
+use crate::sluice_conf::LEDGER_URL;
+use crate::Common;
+
+const REDIS_URL: &str = "redis://127.0.0.1:6379";
+const THREADS: u32 = 2;
+const WRK_SCRIPT: &str = include_str!("../chat.lua");
+
+/// One wrk measurement.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WrkResult {
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub non_2xx: u64,
+    pub errors: u64,
+}
+
+/// Parses wrk's `--latency` output.
+pub fn parse_wrk(out: &str) -> Option<WrkResult> {
+    let mut r = WrkResult::default();
+    let mut have = (false, false, false);
+    for line in out.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            ["50%", v] => {
+                r.p50_ms = duration_ms(v)?;
+                have.0 = true;
+            }
+            ["99%", v] => {
+                r.p99_ms = duration_ms(v)?;
+                have.1 = true;
+            }
+            ["Requests/sec:", v] => {
+                r.rps = v.parse().ok()?;
+                have.2 = true;
+            }
+            ["Non-2xx", "or", "3xx", "responses:", n] => r.non_2xx = n.parse().ok()?,
+            ["Socket", "errors:", rest @ ..] => {
+                // "connect 0, read 0, write 0, timeout 0"
+                r.errors = rest
+                    .iter()
+                    .filter_map(|x| x.trim_end_matches(',').parse::<u64>().ok())
+                    .sum();
+            }
+            _ => {}
+        }
+    }
+    (have.0 && have.1 && have.2).then_some(r)
+}
+
+fn duration_ms(v: &str) -> Option<f64> {
+    let (num, mult) = if let Some(x) = v.strip_suffix("us") {
+        (x, 0.001)
+    } else if let Some(x) = v.strip_suffix("ms") {
+        (x, 1.0)
+    } else if let Some(x) = v.strip_suffix('s') {
+        (x, 1000.0)
+    } else if let Some(x) = v.strip_suffix('m') {
+        (x, 60_000.0)
+    } else {
+        return None;
+    };
+    num.parse::<f64>().ok().map(|n| n * mult)
+}
+
+struct Target {
+    name: &'static str,
+    url: String,
+    /// Why this target could not be measured, if it could not.
+    skipped: Option<String>,
+    sluice: Option<Proc>,
+}
+
+fn sluice_config(listen: &str, od: &str, spot: &str, dir: &Path, shared: bool) -> Value {
+    let mut cfg = json!({
+        "listen": [listen],
+        "server": {"threads": THREADS, "grace_period_seconds": 0, "graceful_shutdown_timeout_seconds": 1,
+                   "upgrade_sock": dir.join("upgrade.sock").display().to_string(),
+                   "pid_file": dir.join("sluice.pid").display().to_string()},
+        "tenants": {"support-bot": "Guaranteed", "coding-assistant": "Standard", "batch-analytics": "Best-Effort"},
+        "pools": {"on-demand": {"backends": [od]}, "spot": {"backends": [spot]}},
+        // A capacity makes every request take and release an admission slot, as in production.
+        "tiers": {"Guaranteed": {"inflight_capacity": 10000}},
+    });
+    if shared {
+        crate::sluice_conf::merge(
+            &mut cfg,
+            &json!({
+                "database_url": LEDGER_URL,
+                "ledger": {"schema": "sluice_bench", "spool_dir": dir.join("spool").display().to_string()},
+                "redis_url": REDIS_URL,
+                "coordination": {"redis_prefix": "sluice-bench"},
+            }),
+        );
+    }
+    cfg
+}
+
+/// Starts Sluice with the ledger and Redis admission and checks both are really in use.
+async fn start_shared(bin: &Path, cfg: &Value, dir: &Path, c: &HttpClient) -> Result<Proc, String> {
+    let p = procs::start_sluice(bin, cfg, dir, c).await?;
+    let mut last = Value::Null;
+    for _ in 0..50 {
+        let st = procs::get_json(c, &p.url("/status")).await?;
+        let redis = st["coordinator"] != json!("local");
+        let deps = &st["dependencies"];
+        if redis && deps["ledger"] == json!(true) && deps["coordinator"] == json!(true) {
+            return Ok(p);
+        }
+        last = st;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!(
+        "started, but not using both: coordinator {}, dependencies {}",
+        last["coordinator"], last["dependencies"]
+    ))
+}
+
+/// What the instant backend answers: a one-token chat completion, vLLM's health and metrics.
+const STATIC_COMPLETION: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"llama-3-70b","choices":[{"index":0,"message":{"role":"assistant","content":"tok "},"finish_reason":"length","logprobs":null}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+const STATIC_METRICS: &str = "vllm:kv_cache_usage_perc{model_name=\"llama-3-70b\",engine=\"0\"} 0.1\nvllm:num_requests_waiting{model_name=\"llama-3-70b\",engine=\"0\"} 0\n";
+
+/// nginx's role in the run.
+enum Nginx<'a> {
+    /// A plain reverse proxy to this upstream, with as many workers as Sluice has threads.
+    Proxy(&'a str),
+    /// The instant backend: fixed answers, one worker.
+    Backend,
+}
+
+fn nginx_conf(prefix: &Path, listen: &str, role: &Nginx<'_>) -> String {
+    let p = prefix.display();
+    let (workers, body) = match role {
+        Nginx::Proxy(upstream) => (
+            THREADS,
+            format!(
+                "  upstream backend {{ server {upstream}; keepalive 256; }}\n  \
+                 server {{\n    listen {listen};\n    location / {{\n      proxy_pass http://backend;\n      \
+                 proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n"
+            ),
+        ),
+        Nginx::Backend => (
+            1,
+            format!(
+                "  server {{\n    listen {listen};\n    keepalive_requests 1000000;\n    \
+                 location = /health {{ return 200; }}\n    \
+                 location = /metrics {{ default_type text/plain; return 200 '{}'; }}\n    \
+                 location / {{ default_type application/json; return 200 '{}'; }}\n  }}\n",
+                STATIC_METRICS.replace('\n', "\\n"),
+                STATIC_COMPLETION
+            ),
+        ),
+    };
+    format!(
+        "worker_processes {workers};\ndaemon off;\npid {p}/nginx.pid;\nerror_log {p}/error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {p}/body;\n  proxy_temp_path {p}/proxy;\n  \
+         fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n{body}}}\n"
+    )
+}
+
+fn start_nginx(dir: &Path, name: &str, role: &Nginx<'_>) -> Result<Proc, String> {
+    let prefix = dir.join(name);
+    std::fs::create_dir_all(&prefix).map_err(|e| e.to_string())?;
+    let listen = procs::free_addr()?;
+    let conf = prefix.join("nginx.conf");
+    std::fs::write(&conf, nginx_conf(&prefix, &listen, role)).map_err(|e| e.to_string())?;
+    let log = prefix.join("stderr.log");
+    let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let child = Command::new("nginx")
+        .arg("-p")
+        .arg(&prefix)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-e")
+        .arg(prefix.join("error.log"))
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot start nginx: {e}"))?;
+    Ok(Proc {
+        child,
+        addr: listen,
+        name: name.into(),
+        log,
+    })
+}
+
+fn wrk(url: &str, conns: u32, secs: u64, script: &Path) -> Result<WrkResult, String> {
+    let threads = conns.clamp(1, THREADS);
+    let out = Command::new("wrk")
+        .args([
+            format!("-t{threads}"),
+            format!("-c{conns}"),
+            format!("-d{secs}s"),
+            "--latency".into(),
+            "-s".into(),
+        ])
+        .arg(script)
+        .arg(url)
+        .output()
+        .map_err(|e| format!("cannot run wrk: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_wrk(&text).ok_or_else(|| {
+        format!(
+            "unreadable wrk output: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+pub async fn run(common: &Common, secs: u64, conns: &[u32]) -> Result<(), String> {
+    for tool in ["wrk", "nginx"] {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            return Err(format!(
+                "{tool} is required for the overhead bench (apt-get install {tool})"
+            ));
+        }
+    }
+    let env = Environment::capture();
+    let bin = procs::sluice_bin(common.sluice_bin.as_deref())?;
+    let wd = WorkDir::new("overhead")?;
+    let c = procs::client();
+    // The simulator rounds even zero delays up to tokio's 1 ms timer tick (about 2 ms a
+    // request), which would hide the proxies' cost; a static nginx answers in microseconds.
+    let mut od = start_nginx(&wd.path, "backend-on-demand", &Nginx::Backend)?;
+    od.wait_ok(&c, "/health", Duration::from_secs(10)).await?;
+    let mut spot = start_nginx(&wd.path, "backend-spot", &Nginx::Backend)?;
+    spot.wait_ok(&c, "/health", Duration::from_secs(10)).await?;
+    let script = wd.path.join("chat.lua");
+    std::fs::write(&script, WRK_SCRIPT).map_err(|e| e.to_string())?;
+    let path = "/v1/chat/completions";
+
+    let mut targets = vec![Target {
+        name: "direct",
+        url: od.url(path),
+        skipped: None,
+        sluice: None,
+    }];
+    let mut nginx = start_nginx(&wd.path, "nginx-proxy", &Nginx::Proxy(&od.addr))?;
+    nginx
+        .wait_ok(&c, "/health", Duration::from_secs(10))
+        .await?;
+    targets.push(Target {
+        name: "nginx",
+        url: nginx.url(path),
+        skipped: None,
+        sluice: None,
+    });
+    let plain_dir = wd.path.join("sluice");
+    std::fs::create_dir_all(&plain_dir).map_err(|e| e.to_string())?;
+    let cfg = sluice_config(
+        &procs::free_addr()?,
+        &od.addr,
+        &spot.addr,
+        &plain_dir,
+        false,
+    );
+    let s = procs::start_sluice(&bin, &cfg, &plain_dir, &c).await?;
+    targets.push(Target {
+        name: "sluice",
+        url: s.url(path),
+        skipped: None,
+        sluice: Some(s),
+    });
+    let shared_dir = wd.path.join("sluice-shared");
+    std::fs::create_dir_all(&shared_dir).map_err(|e| e.to_string())?;
+    let cfg = sluice_config(
+        &procs::free_addr()?,
+        &od.addr,
+        &spot.addr,
+        &shared_dir,
+        true,
+    );
+    match start_shared(&bin, &cfg, &shared_dir, &c).await {
+        Ok(s) => targets.push(Target {
+            name: "sluice + ledger + redis",
+            url: s.url(path),
+            skipped: None,
+            sluice: Some(s),
+        }),
+        Err(e) => {
+            eprintln!("sluice-bench: ledger + Redis row not measured: {e}");
+            targets.push(Target {
+                name: "sluice + ledger + redis",
+                url: String::new(),
+                skipped: Some(e),
+                sluice: None,
+            })
+        }
+    }
+
+    // Warm every connection pool once so the first measured run is not the cold one.
+    for t in targets.iter().filter(|t| t.skipped.is_none()) {
+        let _ = wrk(&t.url, 16, 1, &script);
+    }
+    let mut rows: Vec<(u32, &'static str, Result<WrkResult, String>)> = Vec::new();
+    for &n in conns {
+        for t in &targets {
+            let r = match &t.skipped {
+                Some(e) => Err(e.clone()),
+                None => {
+                    eprintln!(
+                        "sluice-bench: wrk {} connections → {} ({secs} s)",
+                        n, t.name
+                    );
+                    wrk(&t.url, n, secs, &script)
+                }
+            };
+            rows.push((n, t.name, r));
+        }
+    }
+    let mut own = Vec::new();
+    for t in &targets {
+        if let Some(p) = &t.sluice {
+            let (_, body) = procs::request(&c, "GET", &p.url("/metrics"), None).await?;
+            if let Some((n, p50, p99)) = report::histogram_quantiles(
+                &String::from_utf8_lossy(&body),
+                "sluice_proxy_overhead_seconds",
+            ) {
+                own.push(format!(
+                    "{}: {n:.0} requests, p50 {:.1} µs, p99 {:.1} µs",
+                    t.name,
+                    p50 * 1e6,
+                    p99 * 1e6
+                ));
+            }
+        }
+    }
+    let md = table(&rows, conns);
+    println!("{md}");
+    let mut section = String::new();
+    section.push_str("## Proxy overhead against nginx (issue 6)\n\n");
+    let _ = writeln!(
+        section,
+        "Command: `target/release/sluice-bench overhead --seconds {secs}` (also part of `bench/run.sh`)  \n{}\n",
+        env.line()
+    );
+    let _ = writeln!(
+        section,
+        "wrk ({} threads at most, `bench/chat.lua`: a 1-token chat completion from a Guaranteed tenant) \
+         against a backend that answers instantly: a static nginx (one worker) returning a fixed \
+         1-token completion, `/health` and a vLLM `/metrics` text (`sluice sim` with zero delays \
+         still takes about 2 ms a request, its timer tick). Targets: that backend \
+         directly; nginx {} as a plain reverse proxy (our own instance, {THREADS} workers, upstream \
+         keepalive, buffering off); Sluice with the full policy pipeline and in-process admission \
+         ({THREADS} threads); Sluice with the PostgreSQL ledger (`{LEDGER_URL}`, schema `sluice_bench`) and Redis \
+         admission (`{REDIS_URL}`, prefix `sluice-bench`). Everything — wrk, backend, proxy — shares the \
+         machine's cores, so absolute numbers are low and noisy; the ratios to nginx measured in the \
+         same run are the point. *Added* is the target's latency minus direct's at the same \
+         concurrency.\n",
+        THREADS,
+        nginx_version()
+    );
+    section.push_str(&md);
+    if !own.is_empty() {
+        section.push_str("\nSluice's own `sluice_proxy_overhead_seconds` over all the runs above (arrival → upstream chosen):\n\n");
+        for o in own {
+            let _ = writeln!(section, "- {o}");
+        }
+    }
+    let _ = writeln!(section, "\nLoad after the runs: {}", results::uptime());
+    if let Some(path) = &common.results_md {
+        results::update_section(path, "overhead", &section)?;
+    }
+    drop(targets);
+    drop(nginx);
+    drop(spot);
+    drop(od);
+    Ok(())
+}
+
+fn nginx_version() -> String {
+    Command::new("nginx")
+        .arg("-v")
+        .output()
+        .ok()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stderr)
+                .trim()
+                .replace("nginx version: ", "")
+        })
+        .unwrap_or_default()
+}
+
+fn table(rows: &[(u32, &'static str, Result<WrkResult, String>)], conns: &[u32]) -> String {
+    let mut s = String::new();
+    s.push_str("| connections | target | req/s | p50 | p99 | added p50 | added p99 | added p50 ÷ nginx's | req/s ÷ nginx's |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    for &n in conns {
+        let get = |name: &str| {
+            rows.iter()
+                .find(|r| r.0 == n && r.1 == name)
+                .and_then(|r| r.2.as_ref().ok())
+        };
+        let direct = get("direct");
+        let nginx = get("nginx");
+        for (_, name, r) in rows.iter().filter(|r| r.0 == n) {
+            match r {
+                Err(e) => {
+                    let _ = writeln!(
+                        s,
+                        "| {n} | {name} | not measured: {} | | | | | | |",
+                        e.replace('|', "/").lines().next().unwrap_or("")
+                    );
+                }
+                Ok(r) => {
+                    let added = |f: fn(&WrkResult) -> f64| direct.map(|d| f(r) - f(d));
+                    let a50 = added(|x| x.p50_ms);
+                    let a99 = added(|x| x.p99_ms);
+                    let n50 = nginx.zip(direct).map(|(g, d)| g.p50_ms - d.p50_ms);
+                    let ratio = match (*name, a50, n50) {
+                        ("direct", _, _) | ("nginx", _, _) => "".into(),
+                        (_, Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+                        _ => "–".into(),
+                    };
+                    let tput = match (*name, nginx) {
+                        ("direct", _) | ("nginx", _) => "".into(),
+                        (_, Some(g)) if g.rps > 0.0 => format!("{:.2}×", r.rps / g.rps),
+                        _ => "–".into(),
+                    };
+                    let fmt_added = |v: Option<f64>| {
+                        if *name == "direct" {
+                            String::new()
+                        } else {
+                            v.map_or("–".into(), |x| format!("{x:+.3} ms"))
+                        }
+                    };
+                    let bad = if r.non_2xx + r.errors > 0 {
+                        format!(" ({} non-2xx, {} socket errors)", r.non_2xx, r.errors)
+                    } else {
+                        String::new()
+                    };
+                    let _ = writeln!(
+                        s,
+                        "| {n} | {name}{bad} | {:.0} | {:.3} ms | {:.3} ms | {} | {} | {ratio} | {tput} |",
+                        r.rps,
+                        r.p50_ms,
+                        r.p99_ms,
+                        fmt_added(a50),
+                        fmt_added(a99),
+                    );
+                }
+            }
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_wrk_latency_output() {
+        let out = "Running 8s test @ http://127.0.0.1:1/v1/chat/completions\n  2 threads and 16 connections\n  Thread Stats   Avg      Stdev     Max   +/- Stdev\n    Latency     2.44ms  312.00us   9.11ms   80.00%\n  Latency Distribution\n     50%  812.00us\n     75%    2.60ms\n     90%    2.90ms\n     99%    1.02s\n  52941 requests in 8.00s, 30.00MB read\n  Socket errors: connect 0, read 2, write 0, timeout 1\n  Non-2xx or 3xx responses: 12\nRequests/sec:   6617.78\nTransfer/sec:      3.75MB\n";
+        let r = parse_wrk(out).unwrap();
+        assert!((r.p50_ms - 0.812).abs() < 1e-9);
+        assert!((r.p99_ms - 1020.0).abs() < 1e-9);
+        assert!((r.rps - 6617.78).abs() < 1e-9);
+        assert_eq!((r.non_2xx, r.errors), (12, 3));
+        assert!(parse_wrk("garbage").is_none());
+    }
+
+    #[test]
+    fn nginx_conf_keeps_everything_under_the_prefix() {
+        let conf = nginx_conf(
+            Path::new("/tmp/x"),
+            "127.0.0.1:9",
+            &Nginx::Proxy("127.0.0.1:8"),
+        );
+        assert!(conf.contains("pid /tmp/x/nginx.pid;"));
+        assert!(conf.contains("listen 127.0.0.1:9;"));
+        assert!(conf.contains("server 127.0.0.1:8;"));
+        assert!(!conf.contains("/var/"));
+        let backend = nginx_conf(Path::new("/tmp/x"), "127.0.0.1:7", &Nginx::Backend);
+        assert!(backend.contains("worker_processes 1;"));
+        assert!(backend.contains(r#""completion_tokens":1"#));
+        // nginx sees the metrics text with escaped newlines inside one quoted string.
+        assert!(backend.contains(r"0.1\nvllm:num_requests_waiting"));
+    }
+}

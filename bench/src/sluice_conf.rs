@@ -1,0 +1,280 @@
+//! The Sluice configuration of each mode, generated from the scenario. The live run writes it to
+//! a file for `sluice serve`; the in-process model parses the very same text with Sluice's own
+//! config loader and takes its `PolicyRules`, so both engines run one policy.
+
+use serde_json::{json, Value};
+use sluice::config::Config;
+use sluice::policy::Tier;
+use std::path::Path;
+
+use crate::record::Mode;
+use crate::scenario::Scenario;
+
+/// Where the processes of a run listen.
+#[derive(Debug, Clone)]
+pub struct Addrs {
+    pub sluice: String,
+    pub on_demand: String,
+    pub spot: String,
+}
+
+impl Addrs {
+    /// Placeholders for the model, which binds nothing.
+    pub fn placeholder() -> Self {
+        Self {
+            sluice: "127.0.0.1:1".into(),
+            on_demand: "127.0.0.1:2".into(),
+            spot: "127.0.0.1:3".into(),
+        }
+    }
+}
+
+/// Where phase 2's SLA-violation-rate signal comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SlaSignal {
+    /// Sluice's PostgreSQL ledger computes it (the product path); needs PostgreSQL.
+    Ledger,
+    /// The harness PUTs its own rolling rate to `/admin/sla-violation-rate` (same definition:
+    /// completed requests over their tier's target in the window, all tiers pooled).
+    Harness,
+    /// No SLA-rate signal.
+    Off,
+}
+
+pub const FALLBACK_MODEL: &str = "llama-3-8b";
+pub const MODEL: &str = "llama-3-70b";
+pub const LEDGER_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// Deep-merges `patch` into `base` (objects merge, everything else replaces).
+pub fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
+
+fn tier_key(t: Tier) -> &'static str {
+    t.as_str()
+}
+
+/// The config of `mode` (`None` for the proxy-less modes).
+pub fn for_mode(
+    s: &Scenario,
+    mode: Mode,
+    addrs: &Addrs,
+    dir: &Path,
+    sla: SlaSignal,
+) -> Option<Value> {
+    if !mode.uses_sluice() {
+        return None;
+    }
+    let hc = json!({"path": "/health", "interval_ms": 250, "timeout_ms": 500,
+                    "consecutive_success": 1, "consecutive_failure": 2});
+    let tenants: serde_json::Map<String, Value> = s
+        .tenants
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                json!(Tier::parse(&t.tier).map_or("Best-Effort", |x| x.as_str())),
+            )
+        })
+        .collect();
+    let mut tiers = serde_json::Map::new();
+    for t in Tier::ALL {
+        tiers.insert(
+            tier_key(t).into(),
+            json!({"sla_target_ms": s.sla_ms.get(t)}),
+        );
+    }
+    let mut cfg = json!({
+        "listen": [addrs.sluice],
+        "server": {
+            "threads": 2,
+            "grace_period_seconds": 0,
+            "graceful_shutdown_timeout_seconds": 1,
+            "upgrade_sock": dir.join("upgrade.sock").display().to_string(),
+            "pid_file": dir.join("sluice.pid").display().to_string(),
+        },
+        "tenants": tenants,
+        "pools": {
+            "on-demand": {"backends": [addrs.on_demand], "health_check": hc},
+            "spot": {"backends": [addrs.spot], "health_check": hc},
+        },
+        "fallbacks": [{"name": "small", "url": format!("http://{}", addrs.spot), "model": FALLBACK_MODEL}],
+        "signals": {"scrape_interval_ms": 500, "scrape_timeout_ms": 400, "stale_after_ms": 3000},
+        "tiers": tiers,
+        // A generation under overload can wait a long time for its first token; the benchmark
+        // wants to see that latency, not a 504.
+        "limits": {"upstream_read_timeout_ms": 120000},
+    });
+    let mut knobs = s.sluice.clone();
+    if mode == Mode::Phase1 {
+        // Phase 1 is the prototype's pressure-only policy: the shipped per-tier thresholds, only
+        // the scenario's timings (scrape interval, stability) carry over.
+        if let Some(o) = knobs.as_object_mut() {
+            o.remove("tiers");
+        }
+    }
+    merge(&mut cfg, &knobs);
+    match mode {
+        Mode::Phase1 => {
+            for t in Tier::ALL {
+                merge(
+                    &mut cfg["tiers"][tier_key(t)],
+                    &json!({"inflight_capacity": 0, "queue": false, "fallback": false,
+                            "thresholds": {"queue_depth": {}, "sla_violation_rate": {}}}),
+                );
+            }
+            cfg["fallbacks"] = json!([]);
+            cfg["routing"] =
+                json!({"spot_evict_pressure_at": null, "spot_evict_queue_depth_at": null});
+            if let Some(o) = cfg.as_object_mut() {
+                o.remove("database_url");
+                o.remove("ledger");
+            }
+        }
+        Mode::Phase2 if sla == SlaSignal::Ledger => {
+            merge(
+                &mut cfg,
+                &json!({"database_url": LEDGER_URL,
+                        "ledger": {"schema": "sluice_bench",
+                                   "spool_dir": dir.join("spool").display().to_string()}}),
+            );
+        }
+        _ => {}
+    }
+    Some(cfg)
+}
+
+/// Parses a generated config with Sluice's own loader (which also validates it).
+pub fn parse(cfg: &Value, dir: &Path) -> Result<Config, String> {
+    let yaml = serde_yaml::to_string(cfg).map_err(|e| e.to_string())?;
+    Config::from_yaml(&yaml, "(generated bench config)", dir, None, &|_| None)
+        .map_err(|e| e.to_string())
+}
+
+/// The SLA window the ledger uses (and the harness and the model mirror).
+pub fn sla_window_ms(cfg: &Value) -> u64 {
+    cfg["ledger"]["sla_window_seconds"]
+        .as_f64()
+        .map_or(60_000, |s| (s * 1000.0) as u64)
+}
+
+/// The knobs a reader needs to judge a Sluice run, one line each.
+pub fn knobs(cfg: &Config) -> Vec<String> {
+    let rules = cfg.policy_rules();
+    let mut out = vec![format!(
+        "signals: scrape every {} ms; stability: {} samples, cooldown {} ms, hysteresis {}; fallback at {} for {} samples, recover below {}; queue max {} wait {} ms",
+        cfg.signals.scrape_interval_ms,
+        rules.stability.consecutive_samples,
+        rules.stability.cooldown_ms,
+        rules.stability.hysteresis,
+        rules.fallback.pressure_at,
+        rules.fallback.sustained_intervals,
+        rules.fallback.recover_below,
+        cfg.queue.max_size,
+        cfg.queue.max_wait_ms(),
+    )];
+    for t in Tier::ALL {
+        let r = rules.tier(t);
+        let th = |x: sluice::policy::pressure::Threshold| match (x.elevated_at, x.critical_at) {
+            (None, None) => "off".to_string(),
+            (e, c) => format!(
+                "{}/{}",
+                e.map_or("–".into(), |v| v.to_string()),
+                c.map_or("–".into(), |v| v.to_string())
+            ),
+        };
+        out.push(format!(
+            "{}: capacity {}, cap {}, queue {}, fallback {}, pool {}, thresholds pressure {} queue {} sla-rate {}",
+            t.as_str(),
+            if r.inflight_capacity == 0 { "unlimited".into() } else { r.inflight_capacity.to_string() },
+            r.max_tokens_cap.map_or("none".into(), |c| c.to_string()),
+            r.queue_eligible,
+            r.fallback_eligible,
+            r.preferred_pool.as_str(),
+            th(r.thresholds.pressure),
+            th(r.thresholds.queue_depth),
+            th(r.thresholds.sla_violation_rate),
+        ));
+    }
+    let spot = &rules.spot_eviction;
+    let opt = |v: Option<f64>| v.map_or("off".to_string(), |x| x.to_string());
+    out.push(format!(
+        "spot eviction at spot pressure {} / waiting {}; fallbacks: {}",
+        opt(spot.pressure.critical_at),
+        opt(spot.queue_depth.critical_at),
+        if cfg.fallbacks.is_empty() {
+            "none".to_string()
+        } else {
+            cfg.fallbacks
+                .iter()
+                .map(|f| f.model.clone())
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phase1_is_pressure_only_and_phase2_keeps_the_tuning() {
+        let s = Scenario::built_in("tiny").unwrap();
+        let dir = std::env::temp_dir();
+        let p1 = for_mode(
+            &s,
+            Mode::Phase1,
+            &Addrs::placeholder(),
+            &dir,
+            SlaSignal::Off,
+        )
+        .unwrap();
+        let c1 = parse(&p1, &dir).unwrap();
+        let r1 = c1.policy_rules();
+        for t in Tier::ALL {
+            let r = r1.tier(t);
+            assert_eq!(r.inflight_capacity, 0);
+            assert!(!r.queue_eligible && !r.fallback_eligible);
+            assert_eq!(r.thresholds.queue_depth.elevated_at, None);
+            assert_eq!(r.thresholds.queue_depth.critical_at, None);
+            assert_eq!(r.thresholds.sla_violation_rate.critical_at, None);
+            assert!(
+                r.thresholds.pressure.critical_at.is_some()
+                    || r.thresholds.pressure.elevated_at.is_some()
+            );
+        }
+        assert!(c1.fallbacks.is_empty());
+        assert_eq!(r1.spot_eviction.pressure.critical_at, None);
+        let p2 = for_mode(
+            &s,
+            Mode::Phase2,
+            &Addrs::placeholder(),
+            &dir,
+            SlaSignal::Off,
+        )
+        .unwrap();
+        let c2 = parse(&p2, &dir).unwrap();
+        assert_eq!(c2.fallbacks.len(), 1);
+        assert_eq!(
+            c2.policy_rules().tier(Tier::Guaranteed).sla_target_ms,
+            s.sla_ms.guaranteed
+        );
+        assert!(for_mode(
+            &s,
+            Mode::Direct,
+            &Addrs::placeholder(),
+            &dir,
+            SlaSignal::Off
+        )
+        .is_none());
+    }
+}
