@@ -45,6 +45,18 @@ where
     }
 }
 
+/// GET `url` and parse its JSON body.
+pub async fn get_json(url: &str) -> Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Waits until `url` answers 200.
 pub async fn wait_ok(url: &str, within: Duration, what: &str) {
     let c = client();
@@ -245,14 +257,7 @@ impl Sluice {
     /// The `decisions` of `/decisions/recent?QUERY`.
     pub async fn recent(&self, query: &str) -> Vec<Value> {
         let url = self.url(&format!("/decisions/recent?{query}"));
-        let v: Value = client()
-            .get(url)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = get_json(&url).await;
         v["decisions"].as_array().cloned().unwrap_or_default()
     }
 
@@ -261,14 +266,7 @@ impl Sluice {
     }
 
     pub async fn status(&self) -> Value {
-        client()
-            .get(self.url("/status"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        get_json(&self.url("/status")).await
     }
 
     pub async fn set_signal(&self, path: &str, value: f64) {
@@ -311,14 +309,7 @@ pub fn chat_body(model: &str, max_tokens: Option<u64>) -> Value {
 }
 
 pub async fn sim_stats(sim: &Proc) -> Value {
-    client()
-        .get(sim.url("/admin/stats"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    get_json(&sim.url("/admin/stats")).await
 }
 
 pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
