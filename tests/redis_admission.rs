@@ -169,7 +169,9 @@ async fn queue_bound_holds_across_coordinators_and_timed_out_entries_are_removed
             }
             (Err(Reason::QueueTimedOut), waited) => {
                 timed_out += 1;
-                assert!(waited >= Duration::from_millis(600));
+                // Deadlines are whole milliseconds of Redis's clock, so one may fall due
+                // up to a millisecond before the client's own 600 ms have passed.
+                assert!(waited >= Duration::from_millis(599), "gave up after {waited:?}");
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -306,7 +308,7 @@ async fn redis_outage_fails_open_visibly_and_admission_returns_to_redis() {
         start.elapsed()
     );
     let r = a.admit(Tier::Standard, 1, None).await;
-    assert_eq!(outcome(&r), Ok(false), "enforced again");
+    assert_eq!(outcome(&r), Ok(false), "enforced again: {}", a.health());
     assert_eq!(
         outcome(&a.admit(Tier::Standard, 1, None).await),
         Err(Reason::TierAtCapacity)

@@ -312,7 +312,19 @@ impl Inner {
             return Err(e);
         };
         let mut conn = ConnectionManager::clone(&conn);
-        let out = match tokio::time::timeout(self.op_timeout, inv.invoke_async(&mut conn)).await {
+        let attempt = async {
+            match inv.invoke_async(&mut conn).await {
+                // After an outage the manager hands the first caller its last failed reconnect
+                // (made while Redis was down) and only then reconnects; one retry, inside the
+                // same timeout, reaches the restarted server. Every script is idempotent per
+                // member id, so a retry never takes a second slot.
+                Err(e) if e.is_io_error() || e.is_connection_refusal() => {
+                    inv.invoke_async(&mut conn).await
+                }
+                out => out,
+            }
+        };
+        let out = match tokio::time::timeout(self.op_timeout, attempt).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!(
