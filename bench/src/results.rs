@@ -41,7 +41,7 @@ pub async fn run_scenarios(
     }
     for name in &scen.scenarios {
         let env = Environment::capture();
-        let s = load_with_overrides(name, overrides.as_ref())?;
+        let s = load_with_overrides(name, overrides.as_ref(), scen.time_scale)?;
         let arrivals = s.arrivals();
         let mut runs: Vec<Run> = Vec::new();
         for engine in &engines {
@@ -154,8 +154,9 @@ fn parse_overrides(scen: &ScenarioArgs) -> Result<Option<serde_json::Value>, Str
 fn load_with_overrides(
     name: &str,
     overrides: Option<&serde_json::Value>,
+    time_scale: f64,
 ) -> Result<Scenario, String> {
-    let mut s = Scenario::load(name)?;
+    let mut s = Scenario::load(name)?.time_scaled(time_scale)?;
     if let Some(o) = overrides {
         if s.sluice.is_null() {
             s.sluice = serde_json::json!({});
@@ -168,7 +169,7 @@ fn load_with_overrides(
 pub fn calibrate(scen: &ScenarioArgs, modes: &[Mode], seeds: u64) -> Result<(), String> {
     let overrides = parse_overrides(scen)?;
     for name in &scen.scenarios {
-        let base = load_with_overrides(name, overrides.as_ref())?;
+        let base = load_with_overrides(name, overrides.as_ref(), scen.time_scale)?;
         println!(
             "{name}: {seeds} seeds from {}; viol % all per tier: mean [min–max]",
             base.seed

@@ -332,6 +332,60 @@ impl Scenario {
     }
 }
 
+/// Floors on a time-scaled scenario's counts, so that a run of a few seconds still fills every
+/// tier's row and still shows each burst: base arrivals per tenant (on average; the tenant of an
+/// arrival is drawn) and arrivals per burst.
+const MIN_SCALED_PER_TENANT: usize = 5;
+const MIN_SCALED_PER_BURST: usize = 5;
+
+impl Scenario {
+    /// This scenario compressed (or stretched) in time by `f`: every time on its timeline and
+    /// every request count are multiplied by `f`, so the arrival rates and the run's shape stay.
+    /// What a request costs does not scale (SLA targets, the simulators, Sluice's knobs), so a
+    /// scaled run exercises the harness but is no result; its description says so, and with it
+    /// every report and plot.
+    pub fn time_scaled(mut self, f: f64) -> Result<Scenario, String> {
+        if !f.is_finite() || f <= 0.0 {
+            return Err(format!("time scale must be positive, got {f}"));
+        }
+        if f == 1.0 {
+            return Ok(self);
+        }
+        let t = |s: f64| scale_time(s, f);
+        self.duration_s = t(self.duration_s);
+        for p in self.rate.iter_mut().chain(self.forced_pressure.iter_mut()) {
+            p[0] = t(p[0]);
+        }
+        for e in &mut self.events {
+            e.at_s = t(e.at_s);
+        }
+        for b in &mut self.bursts {
+            b.at_s = t(b.at_s);
+            b.duration_s = t(b.duration_s);
+            b.requests = scale_count(b.requests, f, MIN_SCALED_PER_BURST);
+        }
+        self.recovery_marker_s = self.recovery_marker_s.map(t);
+        let tenants = self.tenants.iter().filter(|m| m.weight > 0.0).count();
+        self.requests = scale_count(self.requests, f, MIN_SCALED_PER_TENANT * tenants);
+        self.description = format!(
+            "{} [time-scaled ×{f}: a smoke run, not a result]",
+            self.description
+        );
+        self.validate()?;
+        Ok(self)
+    }
+}
+
+/// Rounded to the millisecond, the resolution of arrival times (and so `60 × 0.05` reads `3`).
+fn scale_time(s: f64, f: f64) -> f64 {
+    (s * f * 1000.0).round() / 1000.0
+}
+
+/// `n × f` rounded, but not below `floor`, unless `n` itself was below it.
+fn scale_count(n: usize, f: f64, floor: usize) -> usize {
+    ((n as f64 * f).round() as usize).max(floor.min(n))
+}
+
 /// Piecewise-linear interpolation over `[x, y]` points sorted by x; flat outside them.
 pub fn interpolate(points: &[[f64; 2]], x: f64) -> f64 {
     match points {
@@ -535,6 +589,58 @@ mod tests {
                 "{}",
                 t.name
             );
+        }
+    }
+
+    #[test]
+    fn time_scaling_compresses_the_timeline_and_keeps_rates() {
+        let seed = Scenario::built_in("seed-forced").unwrap();
+        let s = seed.clone().time_scaled(0.05).unwrap();
+        assert_eq!(s.duration_s, 3.0);
+        assert_eq!(s.requests, 30);
+        assert_eq!(s.recovery_marker_s, Some(2.0));
+        assert_eq!(s.rate[2], [1.4, 3.4]);
+        assert_eq!(s.forced_pressure[3], [1.5, 98.0]);
+        assert_eq!(
+            s.requests as f64 / s.duration_s,
+            seed.requests as f64 / seed.duration_s
+        );
+        assert!(
+            s.description.contains("time-scaled ×0.05"),
+            "{}",
+            s.description
+        );
+        assert_eq!(s.sla_ms.guaranteed, seed.sla_ms.guaranteed);
+        assert_eq!(s.sluice, seed.sluice, "Sluice's knobs are not scaled");
+        let spot = Scenario::built_in("spot-failure")
+            .unwrap()
+            .time_scaled(0.05)
+            .unwrap();
+        assert_eq!((spot.events[0].at_s, spot.events[1].at_s), (1.0, 2.0));
+        let bursty = Scenario::built_in("bursty")
+            .unwrap()
+            .time_scaled(0.05)
+            .unwrap();
+        let b = &bursty.bursts[1];
+        assert_eq!((b.at_s, b.duration_s, b.requests), (1.1, 0.4, 7));
+        // 15 base arrivals would leave some of the seven tenants without any: the floor holds.
+        assert_eq!(bursty.requests, 35);
+        assert_eq!(bursty.bursts[2].requests, 5);
+        let same = seed.clone().time_scaled(1.0).unwrap();
+        assert_eq!(same.arrivals(), seed.arrivals());
+        assert_eq!(same.description, seed.description);
+        assert!(seed.clone().time_scaled(0.0).is_err());
+        assert!(seed.time_scaled(f64::NAN).is_err());
+    }
+
+    #[test]
+    fn every_built_in_at_smoke_scale_still_has_every_tier() {
+        for (name, _) in BUILT_IN {
+            let s = Scenario::built_in(name).unwrap().time_scaled(0.05).unwrap();
+            let a = s.arrivals();
+            for t in Tier::ALL {
+                assert!(a.iter().any(|r| r.tier == t), "{name}: no {}", t.as_str());
+            }
         }
     }
 
