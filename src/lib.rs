@@ -11,6 +11,7 @@ pub mod decisions;
 pub mod demo;
 pub mod ledger;
 pub mod lifecycle;
+pub mod log_writer;
 pub mod metrics;
 pub mod ops;
 pub mod policy;

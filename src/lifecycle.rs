@@ -109,6 +109,9 @@ impl BackgroundService for DrainService {
             "{}",
             json!({"event": "drain_done", "remaining_requests": remaining, "seconds": started.elapsed().as_secs_f64()})
         );
+        let _ =
+            tokio::task::spawn_blocking(|| crate::log_writer::flush_stderr(Duration::from_secs(2)))
+                .await;
         if remaining == 0 {
             // Nothing left to wait for: skip the rest of Pingora's fixed grace sleep.
             std::process::exit(0);

@@ -6,8 +6,8 @@
 //! questions are answered from the decision records (`/decisions/recent`, the ledger).
 
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// From 5 ms to 120 s: LLM latencies span a cached short answer to a long generation.
@@ -51,6 +51,7 @@ pub struct Metrics {
     pub tier_threshold: GaugeVec,
     pub sla_target: GaugeVec,
     pub dependency_up: IntGaugeVec,
+    pub log_dropped: IntCounter,
 }
 
 impl Metrics {
@@ -120,6 +121,12 @@ impl Metrics {
             dependency_up: igauge("sluice_dependency_up", "1 when a configured dependency (ledger, coordinator, prometheus) is healthy, 0 when not.", &["dependency"]),
             sla: counter("sluice_sla_requests_total", "Completed proxied requests by tier and whether they met their tier's SLA target.", &["tier", "outcome"]),
             tenant_requests: counter("sluice_tenant_requests_total", "Requests by tenant (only with metrics.tenant_label; tenants past metrics.max_tenants are counted as other).", &["tenant", "tier", "decision"]),
+            log_dropped: {
+                let c = IntCounter::new("sluice_log_lines_dropped_total", "Log records (request lines included) dropped because the log reader fell behind; decisions are still recorded in the ring and the ledger.")
+                    .expect("static counter definition");
+                registry.register(Box::new(c.clone())).expect("unique metric name");
+                c
+            },
             tenants: Default::default(),
             registry,
         };

@@ -121,11 +121,18 @@ pub fn build(
     Ok((server, app))
 }
 
-/// One JSON object per line: request records verbatim, everything else wrapped.
+/// One JSON object per line: request records verbatim, everything else wrapped; written by
+/// the background log writer, never on the request path.
 pub fn init_logging() {
     use std::io::Write;
     let env = env_logger::Env::default().default_filter_or("info");
-    let _ = env_logger::Builder::from_env(env)
+    let mut builder = env_logger::Builder::from_env(env);
+    if let Some(w) = crate::log_writer::stderr() {
+        builder.target(env_logger::Target::Pipe(Box::new(crate::log_writer::Pipe(
+            w,
+        ))));
+    }
+    let _ = builder
         .format(|buf, record| {
             if record.target() == "sluice::request" {
                 writeln!(buf, "{}", record.args())

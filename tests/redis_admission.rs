@@ -171,7 +171,10 @@ async fn queue_bound_holds_across_coordinators_and_timed_out_entries_are_removed
                 timed_out += 1;
                 // Deadlines are whole milliseconds of Redis's clock, so one may fall due
                 // up to a millisecond before the client's own 600 ms have passed.
-                assert!(waited >= Duration::from_millis(599), "gave up after {waited:?}");
+                assert!(
+                    waited >= Duration::from_millis(599),
+                    "gave up after {waited:?}"
+                );
             }
             other => panic!("unexpected {other:?}"),
         }

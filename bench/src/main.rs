@@ -9,6 +9,7 @@
 //!
 //! `sluice-bench all` runs everything and rewrites its sections of `bench/RESULTS.md`.
 
+mod bare;
 mod live;
 mod model;
 mod overhead;
@@ -26,6 +27,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use record::Mode;
+
+// The same allocator as `sluice`, so the bare Pingora row compares like with like.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use sluice_conf::SlaSignal;
 
 #[derive(Parser)]
@@ -77,6 +82,11 @@ pub struct ScenarioArgs {
     /// JSON deep-merged into every scenario's `sluice:` knobs (for exploring a setting).
     #[arg(long)]
     pub sluice_override: Option<String>,
+    /// Compresses every scenario's timeline and request counts by this factor, keeping its
+    /// rates (0.05: seed's 60 s become 3 s). For smoke tests: the figures are not results, so
+    /// it cannot be combined with `--results-md` (or `all`).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
 }
 
 #[derive(Subcommand)]
@@ -112,6 +122,15 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
         connections: Vec<u32>,
     },
+    /// The smallest Pingora reverse proxy, for the overhead bench's "bare Pingora" row.
+    BareProxy {
+        #[arg(long)]
+        listen: String,
+        #[arg(long)]
+        upstream: std::net::SocketAddr,
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+    },
     /// A steady run that samples Sluice's RSS.
     Soak {
         #[command(flatten)]
@@ -135,6 +154,9 @@ enum Command {
         name: String,
         #[arg(long)]
         arrivals: bool,
+        /// As for `run`: the scenario compressed in time by this factor.
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
     },
 }
 
@@ -145,8 +167,28 @@ fn modes(names: &[String]) -> Result<Vec<Mode>, String> {
         .collect()
 }
 
+/// A time-scaled run is a smoke test; its figures must never land in a results file.
+fn refuse_scaled_results(common: &Common, scen: &ScenarioArgs) -> Result<(), String> {
+    match &common.results_md {
+        Some(path) if scen.time_scale != 1.0 => Err(format!(
+            "--time-scale {} gives smoke figures, not results: refusing to write {} (drop --results-md; `all` always writes results)",
+            scen.time_scale,
+            path.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::BareProxy {
+        listen,
+        upstream,
+        threads,
+    } = &cli.command
+    {
+        bare::run(listen, *upstream, *threads);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -191,11 +233,13 @@ async fn run(command: Command) -> Result<(), String> {
             if common.results_md.is_none() {
                 common.results_md = Some(PathBuf::from("bench/RESULTS.md"));
             }
+            refuse_scaled_results(&common, &scen)?;
             results::run_scenarios(&common, &scen, &modes(&scen.modes)?).await?;
             overhead::run(&common, overhead_seconds, &[1, 16, 64]).await?;
             soak::run(&common, soak_minutes, 40.0).await
         }
         Command::Run { common, scen } => {
+            refuse_scaled_results(&common, &scen)?;
             results::run_scenarios(&common, &scen, &modes(&scen.modes)?).await
         }
         Command::Overhead {
@@ -211,8 +255,12 @@ async fn run(command: Command) -> Result<(), String> {
         Command::Calibrate { scen, seeds } => {
             results::calibrate(&scen, &modes(&scen.modes)?, seeds)
         }
-        Command::Scenario { name, arrivals } => {
-            let s = scenario::Scenario::load(&name)?;
+        Command::Scenario {
+            name,
+            arrivals,
+            time_scale,
+        } => {
+            let s = scenario::Scenario::load(&name)?.time_scaled(time_scale)?;
             if arrivals {
                 for a in s.arrivals() {
                     println!("{}", serde_json::to_string(&a).map_err(|e| e.to_string())?);
@@ -222,5 +270,6 @@ async fn run(command: Command) -> Result<(), String> {
             }
             Ok(())
         }
+        Command::BareProxy { .. } => unreachable!("served before the runtime starts"),
     }
 }

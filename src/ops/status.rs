@@ -180,6 +180,9 @@ pub fn refresh_gauges(app: &App) {
         let counter = m.coordinator_events.with_label_values(&[event]);
         counter.inc_by(total.saturating_sub(counter.get()));
     }
+    let dropped = crate::log_writer::stderr_dropped();
+    m.log_dropped
+        .inc_by(dropped.saturating_sub(m.log_dropped.get()));
     let now = app.hub.clock().now_ms();
     let state = app.hub.state();
     let rules = app.hub.rules();

@@ -1,0 +1,215 @@
+//! Sluice's log output (the per-request JSON line and every other log record), written off the
+//! request path. A synchronous write to stderr stalls a worker thread whenever the reader of
+//! that pipe (kubelet, journald, a terminal) is slow, and costs a locked syscall per request even
+//! when it is fast. Records go into a bounded queue instead, and one thread writes them in
+//! batches; all output goes through that one thread, so lines never interleave. When the queue is
+//! full a record is dropped and counted (`sluice_log_lines_dropped_total`): decisions themselves
+//! are kept by the ring and the ledger, so the log is what may give way under a stalled reader.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Records held while the writer is behind: a few tens of MiB of typical request lines.
+const QUEUE_RECORDS: usize = 64 * 1024;
+/// Records written per flush at most, so a busy stream still reaches the reader promptly.
+const BATCH_RECORDS: usize = 512;
+
+enum Msg {
+    Record(Vec<u8>),
+    Flush(SyncSender<()>),
+}
+
+pub struct LogWriter {
+    tx: SyncSender<Msg>,
+    dropped: AtomicU64,
+}
+
+static STDERR: OnceLock<LogWriter> = OnceLock::new();
+
+impl LogWriter {
+    pub fn spawn<W: Write + Send + 'static>(out: W) -> std::io::Result<Self> {
+        Self::with_capacity(out, QUEUE_RECORDS)
+    }
+
+    fn with_capacity<W: Write + Send + 'static>(out: W, records: usize) -> std::io::Result<Self> {
+        let (tx, rx) = sync_channel(records);
+        std::thread::Builder::new()
+            .name("sluice-log".into())
+            .spawn(move || write_records(rx, out))?;
+        Ok(Self {
+            tx,
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    /// Never blocks. `record` is written as is (it carries its own newline).
+    pub fn write(&self, record: Vec<u8>) {
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
+            self.tx.try_send(Msg::Record(record))
+        {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Waits (blocking) until everything queued before the call is written, or `timeout`.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let (ack, done) = sync_channel(1);
+        let deadline = std::time::Instant::now() + timeout;
+        let mut msg = Msg::Flush(ack);
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if std::time::Instant::now() < deadline => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return false,
+            }
+        }
+        done.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .is_ok()
+    }
+}
+
+/// The process's stderr writer, started on first use.
+pub fn stderr() -> Option<&'static LogWriter> {
+    if let Some(w) = STDERR.get() {
+        return Some(w);
+    }
+    let w = LogWriter::spawn(std::io::stderr()).ok()?;
+    Some(STDERR.get_or_init(|| w))
+}
+
+/// Records dropped by the stderr writer so far (0 when it never started).
+pub fn stderr_dropped() -> u64 {
+    STDERR.get().map_or(0, LogWriter::dropped)
+}
+
+/// Flushes the stderr writer before the process exits (drain, shutdown).
+pub fn flush_stderr(timeout: Duration) {
+    if let Some(w) = STDERR.get() {
+        w.flush(timeout);
+    }
+}
+
+/// `env_logger`'s target: each formatted record becomes one queued write.
+pub struct Pipe(pub &'static LogWriter);
+
+impl Write for Pipe {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf.to_vec());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn write_records<W: Write>(rx: Receiver<Msg>, out: W) {
+    let mut out = std::io::BufWriter::with_capacity(256 * 1024, out);
+    // Ends when the writer is dropped (never, for the process-wide one).
+    while let Ok(first) = rx.recv() {
+        let mut next = Some(first);
+        let mut n = 0;
+        let mut acks = Vec::new();
+        while let Some(msg) = next {
+            match msg {
+                Msg::Record(r) => {
+                    let _ = out.write_all(&r);
+                }
+                Msg::Flush(ack) => acks.push(ack),
+            }
+            n += 1;
+            next = if n < BATCH_RECORDS {
+                rx.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        let _ = out.flush();
+        for ack in acks {
+            let _ = ack.try_send(());
+        }
+    }
+    let _ = out.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A reader that never reads: every write blocks until released.
+    struct Stalled(Receiver<()>);
+
+    impl Write for Stalled {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            let _ = self.0.recv();
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn records_arrive_whole_and_in_order_and_flush_waits_for_them() {
+        let out = Shared::default();
+        let w = LogWriter::spawn(out.clone()).unwrap();
+        let mut want = String::new();
+        for i in 0..2000 {
+            let line = format!("{{\"n\":{i}}}\n");
+            want.push_str(&line);
+            w.write(line.into_bytes());
+        }
+        assert!(w.flush(Duration::from_secs(5)));
+        assert_eq!(
+            String::from_utf8(out.0.lock().unwrap().clone()).unwrap(),
+            want
+        );
+        assert_eq!(w.dropped(), 0);
+    }
+
+    #[test]
+    fn a_stalled_reader_never_blocks_the_caller_and_drops_are_counted() {
+        let (release, stall) = std::sync::mpsc::channel();
+        let w = LogWriter::with_capacity(Stalled(stall), 100).unwrap();
+        let started = Instant::now();
+        // The writer takes at most one batch into its buffer before it blocks; the queue holds
+        // 100 more; everything past that is dropped at once.
+        let n = 100 + BATCH_RECORDS + 1000;
+        for _ in 0..n {
+            w.write(b"{}\n".to_vec());
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "never blocked");
+        let dropped = w.dropped();
+        assert!(
+            (1000..=1000 + BATCH_RECORDS as u64).contains(&dropped),
+            "dropped {dropped}"
+        );
+        assert!(!w.flush(Duration::from_millis(50)), "flush gives up");
+        drop(release);
+    }
+}
