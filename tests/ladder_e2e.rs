@@ -190,6 +190,38 @@ async fn fallback_after_sustained_pressure_and_back_after_recovery() {
     let g: Value = g.json().await.unwrap();
     assert_eq!(g["model"], "llama-3-70b");
 
+    // Critical while the fallback is active: still served by the fallback, capped, not refused.
+    s.set_signal("/admin/pressure", 95.0).await;
+    s.wait_tier_state("Standard", "Critical").await;
+    let r = s
+        .chat("coding-assistant", chat_body("llama-3-70b", Some(1000)))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-sluice-decision"), "fallback");
+    assert_eq!(header(&r, "x-sluice-pool"), "fallback");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["model"], "llama-3-8b");
+    assert_eq!(body["usage"]["completion_tokens"], 256, "Standard's cap");
+    // With the fallback backend down, Critical rejects again.
+    sim_admin(&small, "/admin/health", json!({"healthy": false})).await;
+    wait_for(
+        Duration::from_secs(5),
+        "the fallback to be unusable",
+        || async {
+            s.status().await["fallback"]["target"]
+                .is_null()
+                .then_some(())
+        },
+    )
+    .await;
+    let r = s
+        .chat("coding-assistant", chat_body("llama-3-70b", Some(50)))
+        .await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "x-sluice-reason"), "reject_pressure_critical");
+    assert_eq!(sim_stats(&small).await["received"], 2);
+    sim_admin(&small, "/admin/health", json!({"healthy": true})).await;
+
     // Recovery: the scraped pressure of an idle simulator is ~0.
     client()
         .delete(s.url("/admin/pressure"))

@@ -85,10 +85,19 @@ struct Target {
     url: String,
     /// Why this target could not be measured, if it could not.
     skipped: Option<String>,
-    sluice: Option<Proc>,
+    /// The proxy process, kept alive for the runs.
+    process: Option<Proc>,
 }
 
-fn sluice_config(listen: &str, od: &str, spot: &str, dir: &Path, shared: bool) -> Value {
+/// What a Sluice target has on besides the policy pipeline.
+#[derive(Clone, Copy, PartialEq)]
+enum Extras {
+    None,
+    Ledger,
+    LedgerAndRedis,
+}
+
+fn sluice_config(listen: &str, od: &str, spot: &str, dir: &Path, extras: Extras) -> Value {
     let mut cfg = json!({
         "listen": [listen],
         "server": {"threads": THREADS, "grace_period_seconds": 0, "graceful_shutdown_timeout_seconds": 1,
@@ -99,29 +108,47 @@ fn sluice_config(listen: &str, od: &str, spot: &str, dir: &Path, shared: bool) -
         // A capacity makes every request take and release an admission slot, as in production.
         "tiers": {"Guaranteed": {"inflight_capacity": 10000}},
     });
-    if shared {
+    if extras != Extras::None {
         crate::sluice_conf::merge(
             &mut cfg,
             &json!({
                 "database_url": LEDGER_URL,
                 "ledger": {"schema": "sluice_bench", "spool_dir": dir.join("spool").display().to_string()},
-                "redis_url": REDIS_URL,
-                "coordination": {"redis_prefix": "sluice-bench"},
             }),
+        );
+    }
+    if extras == Extras::LedgerAndRedis {
+        crate::sluice_conf::merge(
+            &mut cfg,
+            &json!({"redis_url": REDIS_URL, "coordination": {"redis_prefix": "sluice-bench"}}),
         );
     }
     cfg
 }
 
-/// Starts Sluice with the ledger and Redis admission and checks both are really in use.
-async fn start_shared(bin: &Path, cfg: &Value, dir: &Path, c: &HttpClient) -> Result<Proc, String> {
+/// Starts Sluice with its extras and checks they are really in use.
+async fn start_with(
+    bin: &Path,
+    cfg: &Value,
+    dir: &Path,
+    c: &HttpClient,
+    extras: Extras,
+) -> Result<Proc, String> {
     let p = procs::start_sluice(bin, cfg, dir, c).await?;
     let mut last = Value::Null;
     for _ in 0..50 {
         let st = procs::get_json(c, &p.url("/status")).await?;
-        let redis = st["coordinator"] != json!("local");
         let deps = &st["dependencies"];
-        if redis && deps["ledger"] == json!(true) && deps["coordinator"] == json!(true) {
+        let ready = match extras {
+            Extras::None => true,
+            Extras::Ledger => deps["ledger"] == json!(true) && st["coordinator"] == json!("local"),
+            Extras::LedgerAndRedis => {
+                st["coordinator"] != json!("local")
+                    && deps["ledger"] == json!(true)
+                    && deps["coordinator"] == json!(true)
+            }
+        };
+        if ready {
             return Ok(p);
         }
         last = st;
@@ -258,7 +285,7 @@ pub async fn run(common: &Common, secs: u64, conns: &[u32]) -> Result<(), String
         name: "direct",
         url: od.url(path),
         skipped: None,
-        sluice: None,
+        process: None,
     }];
     let mut nginx = start_nginx(&wd.path, "nginx-proxy", &Nginx::Proxy(&od.addr))?;
     nginx
@@ -268,48 +295,41 @@ pub async fn run(common: &Common, secs: u64, conns: &[u32]) -> Result<(), String
         name: "nginx",
         url: nginx.url(path),
         skipped: None,
-        sluice: None,
+        process: None,
     });
-    let plain_dir = wd.path.join("sluice");
-    std::fs::create_dir_all(&plain_dir).map_err(|e| e.to_string())?;
-    let cfg = sluice_config(
-        &procs::free_addr()?,
-        &od.addr,
-        &spot.addr,
-        &plain_dir,
-        false,
-    );
-    let s = procs::start_sluice(&bin, &cfg, &plain_dir, &c).await?;
+    let bare_dir = wd.path.join("pingora");
+    std::fs::create_dir_all(&bare_dir).map_err(|e| e.to_string())?;
+    let bare = procs::start_bare_pingora(&od.addr, THREADS, &bare_dir, &c).await?;
     targets.push(Target {
-        name: "sluice",
-        url: s.url(path),
+        name: "pingora (bare)",
+        url: bare.url(path),
         skipped: None,
-        sluice: Some(s),
+        process: Some(bare),
     });
-    let shared_dir = wd.path.join("sluice-shared");
-    std::fs::create_dir_all(&shared_dir).map_err(|e| e.to_string())?;
-    let cfg = sluice_config(
-        &procs::free_addr()?,
-        &od.addr,
-        &spot.addr,
-        &shared_dir,
-        true,
-    );
-    match start_shared(&bin, &cfg, &shared_dir, &c).await {
-        Ok(s) => targets.push(Target {
-            name: "sluice + ledger + redis",
-            url: s.url(path),
-            skipped: None,
-            sluice: Some(s),
-        }),
-        Err(e) => {
-            eprintln!("sluice-bench: ledger + Redis row not measured: {e}");
-            targets.push(Target {
-                name: "sluice + ledger + redis",
-                url: String::new(),
-                skipped: Some(e),
-                sluice: None,
-            })
+    for (name, extras) in [
+        ("sluice", Extras::None),
+        ("sluice + ledger", Extras::Ledger),
+        ("sluice + ledger + redis", Extras::LedgerAndRedis),
+    ] {
+        let dir = wd.path.join(name.replace([' ', '+'], ""));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let cfg = sluice_config(&procs::free_addr()?, &od.addr, &spot.addr, &dir, extras);
+        match start_with(&bin, &cfg, &dir, &c, extras).await {
+            Ok(s) => targets.push(Target {
+                name,
+                url: s.url(path),
+                skipped: None,
+                process: Some(s),
+            }),
+            Err(e) => {
+                eprintln!("sluice-bench: {name} not measured: {e}");
+                targets.push(Target {
+                    name,
+                    url: String::new(),
+                    skipped: Some(e),
+                    process: None,
+                })
+            }
         }
     }
 
@@ -335,7 +355,7 @@ pub async fn run(common: &Common, secs: u64, conns: &[u32]) -> Result<(), String
     }
     let mut own = Vec::new();
     for t in &targets {
-        if let Some(p) = &t.sluice {
+        if let Some(p) = t.process.as_ref().filter(|_| t.name.starts_with("sluice")) {
             let (_, body) = procs::request(&c, "GET", &p.url("/metrics"), None).await?;
             if let Some((n, p50, p99)) = report::histogram_quantiles(
                 &String::from_utf8_lossy(&body),
@@ -366,12 +386,15 @@ pub async fn run(common: &Common, secs: u64, conns: &[u32]) -> Result<(), String
          1-token completion, `/health` and a vLLM `/metrics` text (`sluice sim` with zero delays \
          still takes about 2 ms a request, its timer tick). Targets: that backend \
          directly; nginx {} as a plain reverse proxy (our own instance, {THREADS} workers, upstream \
-         keepalive, buffering off); Sluice with the full policy pipeline and in-process admission \
-         ({THREADS} threads); Sluice with the PostgreSQL ledger (`{LEDGER_URL}`, schema `sluice_bench`) and Redis \
-         admission (`{REDIS_URL}`, prefix `sluice-bench`). Everything — wrk, backend, proxy — shares the \
-         machine's cores, so absolute numbers are low and noisy; the ratios to nginx measured in the \
-         same run are the point. *Added* is the target's latency minus direct's at the same \
-         concurrency.\n",
+         keepalive, buffering off, no access log); the smallest Pingora proxy (`sluice-bench \
+         bare-proxy`: one upstream, no filters, {THREADS} threads, the same allocator), which shows \
+         what Pingora itself costs here; Sluice ({THREADS} threads, the shipped log level: one JSON \
+         line per request to a file) with the full policy pipeline and in-process admission; the \
+         same with the PostgreSQL decision ledger (`{LEDGER_URL}`, schema `sluice_bench`); and with \
+         the ledger and Redis admission (`{REDIS_URL}`, prefix `sluice-bench`). Everything — wrk, \
+         backend, proxy — shares the machine's cores, so absolute numbers are low and noisy; the \
+         ratios measured in the same run are the point. *Added* is the target's latency minus \
+         direct's at the same concurrency.\n",
         THREADS,
         nginx_version()
     );
@@ -408,8 +431,8 @@ fn nginx_version() -> String {
 
 fn table(rows: &[(u32, &'static str, Result<WrkResult, String>)], conns: &[u32]) -> String {
     let mut s = String::new();
-    s.push_str("| connections | target | req/s | p50 | p99 | added p50 | added p99 | added p50 ÷ nginx's | req/s ÷ nginx's |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| connections | target | req/s | p50 | p99 | added p50 | added p99 | added p50 ÷ nginx's | req/s ÷ nginx's | req/s ÷ bare Pingora's |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
     for &n in conns {
         let get = |name: &str| {
             rows.iter()
@@ -418,12 +441,13 @@ fn table(rows: &[(u32, &'static str, Result<WrkResult, String>)], conns: &[u32])
         };
         let direct = get("direct");
         let nginx = get("nginx");
+        let bare = get("pingora (bare)");
         for (_, name, r) in rows.iter().filter(|r| r.0 == n) {
             match r {
                 Err(e) => {
                     let _ = writeln!(
                         s,
-                        "| {n} | {name} | not measured: {} | | | | | | |",
+                        "| {n} | {name} | not measured: {} | | | | | | | |",
                         e.replace('|', "/").lines().next().unwrap_or("")
                     );
                 }
@@ -442,6 +466,12 @@ fn table(rows: &[(u32, &'static str, Result<WrkResult, String>)], conns: &[u32])
                         (_, Some(g)) if g.rps > 0.0 => format!("{:.2}×", r.rps / g.rps),
                         _ => "–".into(),
                     };
+                    let vs_bare = match (*name, bare) {
+                        (n, Some(b)) if n.starts_with("sluice") && b.rps > 0.0 => {
+                            format!("{:.2}×", r.rps / b.rps)
+                        }
+                        _ => "".into(),
+                    };
                     let fmt_added = |v: Option<f64>| {
                         if *name == "direct" {
                             String::new()
@@ -456,7 +486,7 @@ fn table(rows: &[(u32, &'static str, Result<WrkResult, String>)], conns: &[u32])
                     };
                     let _ = writeln!(
                         s,
-                        "| {n} | {name}{bad} | {:.0} | {:.3} ms | {:.3} ms | {} | {} | {ratio} | {tput} |",
+                        "| {n} | {name}{bad} | {:.0} | {:.3} ms | {:.3} ms | {} | {} | {ratio} | {tput} | {vs_bare} |",
                         r.rps,
                         r.p50_ms,
                         r.p99_ms,

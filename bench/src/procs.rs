@@ -222,12 +222,30 @@ pub async fn start_sluice(
     std::fs::write(&path, yaml).map_err(|e| format!("{}: {e}", path.display()))?;
     let addr = cfg["listen"][0].as_str().unwrap_or_default().to_string();
     let mut cmd = Command::new(bin);
+    // The shipped log level (one JSON line per request), so what is measured is what runs.
     cmd.arg("serve")
         .arg("--config")
         .arg(&path)
-        .env("RUST_LOG", "warn");
+        .env_remove("RUST_LOG");
     let mut p = spawn("sluice", &mut cmd, addr, dir.join("sluice.log"))?;
     p.wait_ok(c, "/readyz", Duration::from_secs(30)).await?;
+    Ok(p)
+}
+
+/// `sluice-bench bare-proxy` (this very binary) in front of `upstream`.
+pub async fn start_bare_pingora(
+    upstream: &str,
+    threads: u32,
+    dir: &Path,
+    c: &HttpClient,
+) -> Result<Proc, String> {
+    let addr = free_addr()?;
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(me);
+    cmd.args(["bare-proxy", "--listen", &addr, "--upstream", upstream])
+        .arg(format!("--threads={threads}"));
+    let mut p = spawn("pingora", &mut cmd, addr, dir.join("pingora.log"))?;
+    p.wait_ok(c, "/health", Duration::from_secs(10)).await?;
     Ok(p)
 }
 

@@ -17,22 +17,29 @@ pub fn select(plan: &TierPlan, _state: &TierState, req: &RequestFacts) -> (Actio
             },
             *reason,
         ),
-        Intervention::Fallback { max_tokens } if req.fallback_available => (
+        Intervention::Fallback { max_tokens, .. } if req.fallback_available => (
             Action::Fallback {
                 max_tokens: *max_tokens,
             },
             Reason::FallbackSustainedPressure,
         ),
-        // No usable fallback backend: the Elevated cap is the next-best intervention.
+        // No usable fallback backend: Critical rejects, Elevated caps.
+        Intervention::Fallback {
+            critical: Some(reason),
+            ..
+        } => (Action::Reject, *reason),
         Intervention::Fallback {
             max_tokens: Some(max_tokens),
+            ..
         } => (
             Action::Degrade {
                 max_tokens: *max_tokens,
             },
             Reason::DegradePressure,
         ),
-        Intervention::Fallback { max_tokens: None } => (Action::Pass, Reason::BelowTierThreshold),
+        Intervention::Fallback {
+            max_tokens: None, ..
+        } => (Action::Pass, Reason::BelowTierThreshold),
     }
 }
 
@@ -79,6 +86,7 @@ mod tests {
     fn fallback_needs_an_available_backend() {
         let p = plan(Intervention::Fallback {
             max_tokens: Some(256),
+            critical: None,
         });
         assert_eq!(
             select(&p, &STATE, &facts(true, true)),
@@ -92,6 +100,15 @@ mod tests {
         assert_eq!(
             select(&p, &STATE, &facts(true, false)),
             (Action::Degrade { max_tokens: 256 }, Reason::DegradePressure)
+        );
+        let critical = plan(Intervention::Fallback {
+            max_tokens: Some(256),
+            critical: Some(Reason::RejectPressure),
+        });
+        assert_eq!(
+            select(&critical, &STATE, &facts(true, false)),
+            (Action::Reject, Reason::RejectPressure),
+            "Critical without a usable fallback rejects"
         );
     }
 }

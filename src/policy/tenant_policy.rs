@@ -99,8 +99,16 @@ impl Default for PolicyRules {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Intervention {
     None(Reason),
-    Degrade { max_tokens: u32, reason: Reason },
-    Fallback { max_tokens: Option<u32> },
+    Degrade {
+        max_tokens: u32,
+        reason: Reason,
+    },
+    /// The fallback model, with the tier's cap when it is Elevated or Critical. `critical` is
+    /// the rejection to fall back to when the tier is Critical and no fallback backend is usable.
+    Fallback {
+        max_tokens: Option<u32>,
+        critical: Option<Reason>,
+    },
     Reject(Reason),
 }
 
@@ -119,12 +127,20 @@ pub fn plan(rules: &PolicyRules, state: &TierState, fallback_active: bool) -> Ti
     };
     let intervention = if state.fail_open {
         Intervention::None(Reason::SignalsUnavailableFailOpen)
+    } else if fallback_active && tier.fallback_eligible {
+        // Even in Critical: the fallback model runs on other capacity than the pool under
+        // pressure, so serving the request there sheds the same load a 429 would.
+        let critical = state.state == PressureState::Critical;
+        Intervention::Fallback {
+            max_tokens: if critical {
+                tier.max_tokens_cap
+            } else {
+                elevated_cap(state.state)
+            },
+            critical: critical.then(|| Reason::reject(state.driver)),
+        }
     } else if state.state == PressureState::Critical {
         Intervention::Reject(Reason::reject(state.driver))
-    } else if fallback_active && tier.fallback_eligible {
-        Intervention::Fallback {
-            max_tokens: elevated_cap(state.state),
-        }
     } else if state.state == PressureState::Elevated {
         match tier.max_tokens_cap {
             Some(max_tokens) => Intervention::Degrade {
@@ -196,13 +212,14 @@ mod tests {
     }
 
     #[test]
-    fn fallback_only_for_eligible_tiers_and_critical_still_rejects() {
+    fn fallback_only_for_eligible_tiers_and_in_critical_before_rejecting() {
         let r = PolicyRules::default();
         use PressureState::*;
         assert_eq!(
             plan(&r, &state(Tier::Standard, Elevated), true).intervention,
             Intervention::Fallback {
-                max_tokens: Some(256)
+                max_tokens: Some(256),
+                critical: None
             }
         );
         assert_eq!(
@@ -214,7 +231,20 @@ mod tests {
         );
         assert_eq!(
             plan(&r, &state(Tier::Standard, Critical), true).intervention,
-            Intervention::Reject(Reason::RejectPressure)
+            Intervention::Fallback {
+                max_tokens: Some(256),
+                critical: Some(Reason::RejectPressure)
+            }
+        );
+        assert_eq!(
+            plan(&r, &state(Tier::Standard, Critical), false).intervention,
+            Intervention::Reject(Reason::RejectPressure),
+            "no sustained pressure, no fallback: Critical rejects"
+        );
+        assert_eq!(
+            plan(&r, &state(Tier::Guaranteed, Critical), true).intervention,
+            Intervention::Reject(Reason::RejectPressure),
+            "a tier that may not fall back is rejected in Critical"
         );
     }
 
