@@ -8,7 +8,7 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -16,6 +16,11 @@ use std::time::Duration;
 const QUEUE_RECORDS: usize = 64 * 1024;
 /// Records written per flush at most, so a busy stream still reaches the reader promptly.
 const BATCH_RECORDS: usize = 512;
+/// While records keep coming, the writer polls at this pace instead of blocking: a blocked
+/// receiver must be woken by the sender (a futex call and a context switch per request).
+const BUSY_POLL: Duration = Duration::from_millis(2);
+/// Empty polls in a row before the writer blocks again.
+const IDLE_POLLS: u32 = 5;
 
 enum Msg {
     Record(Vec<u8>),
@@ -115,8 +120,23 @@ impl Write for Pipe {
 
 fn write_records<W: Write>(rx: Receiver<Msg>, out: W) {
     let mut out = std::io::BufWriter::with_capacity(256 * 1024, out);
+    let mut idle = 0;
     // Ends when the writer is dropped (never, for the process-wide one).
-    while let Ok(first) = rx.recv() {
+    loop {
+        let first = match rx.try_recv() {
+            Ok(msg) => msg,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) if idle < IDLE_POLLS => {
+                idle += 1;
+                std::thread::sleep(BUSY_POLL);
+                continue;
+            }
+            Err(TryRecvError::Empty) => match rx.recv() {
+                Ok(msg) => msg,
+                Err(_) => break,
+            },
+        };
+        idle = 0;
         let mut next = Some(first);
         let mut n = 0;
         let mut acks = Vec::new();

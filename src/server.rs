@@ -121,8 +121,9 @@ pub fn build(
     Ok((server, app))
 }
 
-/// One JSON object per line: request records verbatim, everything else wrapped; written by
-/// the background log writer, never on the request path.
+/// One JSON object per line, written by the background log writer, never on the request path.
+/// Request records (target `sluice::request`, enabled at info) bypass the formatter: the proxy
+/// writes them to the writer itself; everything else is wrapped here.
 pub fn init_logging() {
     use std::io::Write;
     let env = env_logger::Env::default().default_filter_or("info");
@@ -133,17 +134,14 @@ pub fn init_logging() {
         ))));
     }
     let _ = builder
+        .write_style(env_logger::WriteStyle::Never)
         .format(|buf, record| {
-            if record.target() == "sluice::request" {
-                writeln!(buf, "{}", record.args())
-            } else {
-                let line = serde_json::json!({
-                    "level": record.level().as_str(),
-                    "target": record.target(),
-                    "message": record.args().to_string(),
-                });
-                writeln!(buf, "{line}")
-            }
+            let line = serde_json::json!({
+                "level": record.level().as_str(),
+                "target": record.target(),
+                "message": record.args().to_string(),
+            });
+            writeln!(buf, "{line}")
         })
         .try_init();
 }

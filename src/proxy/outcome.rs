@@ -53,13 +53,20 @@ pub fn response_body_filter(body: &mut Option<Bytes>, _eos: bool, ctx: &mut Ctx)
 
 /// (prompt_tokens, completion_tokens) from a completion body or an SSE stream's usage chunk.
 pub fn usage_of(body: &[u8], sse: bool) -> (Option<u64>, Option<u64>) {
+    // Typed, so the rest of a completion (its text above all) is skipped, not built into a tree.
+    #[derive(serde::Deserialize)]
+    struct Body {
+        usage: Option<Usage>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Usage {
+        prompt_tokens: Option<serde_json::Value>,
+        completion_tokens: Option<serde_json::Value>,
+    }
     let parse = |json: &[u8]| -> Option<(Option<u64>, Option<u64>)> {
-        let v: serde_json::Value = serde_json::from_slice(json).ok()?;
-        let u = v.get("usage").filter(|u| u.is_object())?;
-        Some((
-            u.get("prompt_tokens").and_then(|t| t.as_u64()),
-            u.get("completion_tokens").and_then(|t| t.as_u64()),
-        ))
+        let u = serde_json::from_slice::<Body>(json).ok()?.usage?;
+        let count = |v: Option<serde_json::Value>| v.and_then(|v| v.as_u64());
+        Some((count(u.prompt_tokens), count(u.completion_tokens)))
     };
     if !sse {
         return parse(body).unwrap_or_default();
@@ -299,7 +306,15 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
             .with_label_values(&[tenant.as_str(), tier_name, label])
             .inc();
     }
-    log::info!(target: "sluice::request", "{}", serde_json::to_string(&record).unwrap_or_default());
+    // Straight to the log writer: the record is already one JSON line, and env_logger's
+    // formatter would copy it twice and scan every byte for colour codes.
+    if log::log_enabled!(target: "sluice::request", log::Level::Info) {
+        if let (Some(w), Ok(mut line)) = (crate::log_writer::stderr(), serde_json::to_vec(&record))
+        {
+            line.push(b'\n');
+            w.write(line);
+        }
+    }
     let record = Arc::new(record);
     for sink in &app.sinks {
         sink.record(Arc::clone(&record));
