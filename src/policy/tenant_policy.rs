@@ -127,9 +127,11 @@ pub fn plan(rules: &PolicyRules, state: &TierState, fallback_active: bool) -> Ti
     };
     let intervention = if state.fail_open {
         Intervention::None(Reason::SignalsUnavailableFailOpen)
-    } else if fallback_active && tier.fallback_eligible {
-        // Even in Critical: the fallback model runs on other capacity than the pool under
-        // pressure, so serving the request there sheds the same load a 429 would.
+    } else if tier.fallback_eligible && (fallback_active || state.state == PressureState::Critical)
+    {
+        // In Critical the choice is a 429 or the fallback model, which runs on other capacity
+        // than the pool under pressure and so sheds the same load: it needs no further proof
+        // that the pressure is sustained (that bar keeps Elevated traffic on the big model).
         let critical = state.state == PressureState::Critical;
         Intervention::Fallback {
             max_tokens: if critical {
@@ -238,8 +240,11 @@ mod tests {
         );
         assert_eq!(
             plan(&r, &state(Tier::Standard, Critical), false).intervention,
-            Intervention::Reject(Reason::RejectPressure),
-            "no sustained pressure, no fallback: Critical rejects"
+            Intervention::Fallback {
+                max_tokens: Some(256),
+                critical: Some(Reason::RejectPressure)
+            },
+            "Critical needs no sustained-pressure proof to prefer the fallback to a 429"
         );
         assert_eq!(
             plan(&r, &state(Tier::Guaranteed, Critical), true).intervention,
