@@ -111,7 +111,9 @@ pub fn tier_summary(
             .iter()
             .filter(|r| !r.completed())
             .fold(Default::default(), |mut m, r| {
-                let key = if r.reason.is_empty() {
+                // A 429 is Sluice's refusal and its reason says why; any other failure was
+                // let through by the policy, so its reason header explains nothing about it.
+                let key = if r.reason.is_empty() || r.status != 429 {
                     format!("status {}", r.status)
                 } else {
                     r.reason.clone()

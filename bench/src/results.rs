@@ -577,8 +577,14 @@ impl Environment {
     }
 
     pub fn line(&self) -> String {
+        // The harness and the `sluice` it runs come from the same cargo profile.
+        let build = if cfg!(debug_assertions) {
+            "Debug build: not a result."
+        } else {
+            "Release build."
+        };
         format!(
-            "Commit {}; machine: {}, shared with other work; {} before the runs. Release build.",
+            "Commit {}; machine: {}, shared with other work; {} before the runs. {build}",
             self.commit, self.machine, self.load
         )
     }

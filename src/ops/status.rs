@@ -73,7 +73,10 @@ pub fn status(app: &App) -> Value {
         "spot_state": state.spot_state.as_str(),
         "spot_eviction": thresholds(&rules.spot_eviction),
         "fallback": {
-            "active": state.fallback_active,
+            // Routing to the fallback needs both the sustained pressure and a usable target;
+            // the tracker alone says nothing when no fallback is configured or it is down.
+            "active": state.fallback_active && fallback.is_some(),
+            "sustained_pressure": state.fallback_active,
             "target": fallback.map(|h| h.name.clone()),
             "model": fallback.and_then(|h| h.model.clone()),
         },
@@ -224,7 +227,8 @@ pub fn refresh_gauges(app: &App) {
             .with_label_values(&[t.as_str()])
             .set(i64::from(rules.tier(t).inflight_capacity));
     }
-    m.fallback_active.set(i64::from(state.fallback_active));
+    let routing = state.fallback_active && app.pools.active_fallback().is_some();
+    m.fallback_active.set(i64::from(routing));
     m.spot_state.set(state.spot_state.level());
     for t in Tier::ALL {
         let r = rules.tier(t);
