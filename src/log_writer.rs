@@ -32,7 +32,8 @@ pub struct LogWriter {
     dropped: AtomicU64,
 }
 
-static STDERR: OnceLock<LogWriter> = OnceLock::new();
+/// `None` when the writer thread could not be started (logging then stays off).
+static STDERR: OnceLock<Option<LogWriter>> = OnceLock::new();
 
 impl LogWriter {
     pub fn spawn<W: Write + Send + 'static>(out: W) -> std::io::Result<Self> {
@@ -85,21 +86,23 @@ impl LogWriter {
 
 /// The process's stderr writer, started on first use.
 pub fn stderr() -> Option<&'static LogWriter> {
-    if let Some(w) = STDERR.get() {
-        return Some(w);
-    }
-    let w = LogWriter::spawn(std::io::stderr()).ok()?;
-    Some(STDERR.get_or_init(|| w))
+    STDERR
+        .get_or_init(|| LogWriter::spawn(std::io::stderr()).ok())
+        .as_ref()
+}
+
+fn started() -> Option<&'static LogWriter> {
+    STDERR.get().and_then(Option::as_ref)
 }
 
 /// Records dropped by the stderr writer so far (0 when it never started).
 pub fn stderr_dropped() -> u64 {
-    STDERR.get().map_or(0, LogWriter::dropped)
+    started().map_or(0, LogWriter::dropped)
 }
 
 /// Flushes the stderr writer before the process exits (drain, shutdown).
 pub fn flush_stderr(timeout: Duration) {
-    if let Some(w) = STDERR.get() {
+    if let Some(w) = started() {
         w.flush(timeout);
     }
 }

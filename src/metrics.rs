@@ -98,6 +98,13 @@ impl Metrics {
                 .expect("unique metric name");
             g
         };
+        let single_counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("static counter definition");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric name");
+            c
+        };
         let metrics = Metrics {
             decisions: counter("sluice_decisions_total", "Decisions by tier, decision and reason.", &["tier", "decision", "reason"]),
             request_duration: hist("sluice_request_duration_seconds", "End-to-end request latency seen by Sluice, to the last byte.", LATENCY_BUCKETS, &["tier", "decision"]),
@@ -121,12 +128,7 @@ impl Metrics {
             dependency_up: igauge("sluice_dependency_up", "1 when a configured dependency (ledger, coordinator, prometheus) is healthy, 0 when not.", &["dependency"]),
             sla: counter("sluice_sla_requests_total", "Completed proxied requests by tier and whether they met their tier's SLA target.", &["tier", "outcome"]),
             tenant_requests: counter("sluice_tenant_requests_total", "Requests by tenant (only with metrics.tenant_label; tenants past metrics.max_tenants are counted as other).", &["tenant", "tier", "decision"]),
-            log_dropped: {
-                let c = IntCounter::new("sluice_log_lines_dropped_total", "Log records (request lines included) dropped because the log reader fell behind; decisions are still recorded in the ring and the ledger.")
-                    .expect("static counter definition");
-                registry.register(Box::new(c.clone())).expect("unique metric name");
-                c
-            },
+            log_dropped: single_counter("sluice_log_lines_dropped_total", "Log records (request lines included) dropped because the log reader fell behind; decisions are still recorded in the ring and the ledger."),
             tenants: Default::default(),
             registry,
         };

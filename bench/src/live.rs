@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 use sluice::policy::{PressureState, Tier};
+use sluice::proxy::outcome::usage_of;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -313,8 +314,9 @@ async fn send(c: &HttpClient, url: &str, a: &Arrival, due: Instant) -> RequestRe
                     r.ttft_ms = Some(sent.elapsed().as_secs_f64() * 1000.0);
                 }
                 tail.extend_from_slice(&data);
-                // The usage sits at the end of either body shape; keep memory flat for streams.
-                if tail.len() > 8192 {
+                // A stream's usage chunk comes last: keep its tail only, so memory stays flat.
+                // A plain body is parsed whole.
+                if a.stream && tail.len() > 8192 {
                     tail.drain(..tail.len() - 4096);
                 }
             }
@@ -325,7 +327,8 @@ async fn send(c: &HttpClient, url: &str, a: &Arrival, due: Instant) -> RequestRe
         Ok(Ok(tail)) => {
             r.latency_ms = sent.elapsed().as_secs_f64() * 1000.0;
             if r.completed() {
-                r.completion_tokens = completion_tokens(&tail).unwrap_or(0);
+                // The very reader Sluice uses for its own records.
+                r.completion_tokens = usage_of(&tail, a.stream).1.unwrap_or(0);
             } else {
                 r.ttft_ms = None;
             }
@@ -338,19 +341,6 @@ async fn send(c: &HttpClient, url: &str, a: &Arrival, due: Instant) -> RequestRe
         }
     }
     r
-}
-
-/// The last `"completion_tokens":N` in a body (the usage object of a JSON or SSE response).
-pub fn completion_tokens(body: &[u8]) -> Option<u64> {
-    let text = String::from_utf8_lossy(body);
-    let key = "\"completion_tokens\":";
-    let at = text.rfind(key)? + key.len();
-    let digits: String = text[at..]
-        .trim_start()
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -462,20 +452,5 @@ async fn feed_sla(
             }
         };
         let _ = procs::put_json(&c, &url, &json!({"value": rate})).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn usage_from_json_and_sse_tails() {
-        let json =
-            br#"{"id":"x","usage":{"prompt_tokens":3,"completion_tokens":17,"total_tokens":20}}"#;
-        assert_eq!(completion_tokens(json), Some(17));
-        let sse = b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\": 256}}\n\ndata: [DONE]\n\n";
-        assert_eq!(completion_tokens(sse), Some(256));
-        assert_eq!(completion_tokens(b"data: [DONE]"), None);
     }
 }

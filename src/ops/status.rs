@@ -3,7 +3,7 @@
 use super::query_param;
 use crate::decisions::RecentFilter;
 use crate::policy::pressure::{Threshold, Thresholds};
-use crate::policy::{SignalKind, Tier};
+use crate::policy::{PolicyState, SignalKind, Tier};
 use crate::proxy::App;
 use crate::signals::hub::SignalPool;
 use serde_json::{json, Value};
@@ -73,9 +73,7 @@ pub fn status(app: &App) -> Value {
         "spot_state": state.spot_state.as_str(),
         "spot_eviction": thresholds(&rules.spot_eviction),
         "fallback": {
-            // Routing to the fallback needs both the sustained pressure and a usable target;
-            // the tracker alone says nothing when no fallback is configured or it is down.
-            "active": state.fallback_active && fallback.is_some(),
+            "active": fallback_routing(app, &state),
             "sustained_pressure": state.fallback_active,
             "target": fallback.map(|h| h.name.clone()),
             "model": fallback.and_then(|h| h.model.clone()),
@@ -170,6 +168,12 @@ pub async fn recent(app: &App, query: &str) -> Value {
     json!({"source": "memory", "decisions": items})
 }
 
+/// Routing to the fallback needs both the sustained pressure and a usable target; the tracker
+/// alone says nothing when no fallback is configured or it is down.
+fn fallback_routing(app: &App, state: &PolicyState) -> bool {
+    state.fallback_active && app.pools.active_fallback().is_some()
+}
+
 pub fn refresh_gauges(app: &App) {
     let m = &app.metrics;
     let health = app.admission.health();
@@ -227,8 +231,8 @@ pub fn refresh_gauges(app: &App) {
             .with_label_values(&[t.as_str()])
             .set(i64::from(rules.tier(t).inflight_capacity));
     }
-    let routing = state.fallback_active && app.pools.active_fallback().is_some();
-    m.fallback_active.set(i64::from(routing));
+    m.fallback_active
+        .set(i64::from(fallback_routing(app, &state)));
     m.spot_state.set(state.spot_state.level());
     for t in Tier::ALL {
         let r = rules.tier(t);
