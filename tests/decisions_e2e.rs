@@ -146,25 +146,13 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
 async fn tenant_label_is_opt_in_and_capped() {
     let od = sim("llama-3-70b", &[]).await;
     let sp = sim("llama-3-70b", &[]).await;
-    let metrics = |s: &Sluice| {
-        let url = s.url("/metrics");
-        async move {
-            client()
-                .get(url)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    };
     let plain = serve(&config(&[&od.addr], &[&sp.addr])).await;
     plain
         .chat("support-bot", chat_body("llama-3-70b", Some(2)))
         .await;
     assert!(
-        !metrics(&plain)
+        !plain
+            .metrics()
             .await
             .contains("sluice_tenant_requests_total{"),
         "off by default"
@@ -190,7 +178,7 @@ async fn tenant_label_is_opt_in_and_capped() {
             200
         );
     }
-    let m = metrics(&s).await;
+    let m = s.metrics().await;
     let tenants: std::collections::BTreeSet<&str> = m
         .lines()
         .filter(|l| l.starts_with("sluice_tenant_requests_total{"))

@@ -270,20 +270,8 @@ async fn send(c: &HttpClient, url: &str, a: &Arrival, due: Instant) -> RequestRe
     }
     let sent = Instant::now();
     let mut r = RequestRecord {
-        id: a.id,
-        tier: a.tier,
-        at_ms: a.at_ms,
         send_lag_ms: (sent - due).as_secs_f64() * 1000.0,
-        status: 0,
-        latency_ms: 0.0,
-        ttft_ms: None,
-        stream: a.stream,
-        requested_tokens: a.max_tokens,
-        completion_tokens: 0,
-        decision: String::new(),
-        reason: String::new(),
-        pool: String::new(),
-        queue_wait_ms: None,
+        ..RequestRecord::pending(a)
     };
     let req = http::Request::post(url)
         .header("content-type", "application/json")

@@ -186,24 +186,12 @@ pub fn run(input: ModelInput<'_>) -> Run {
     let mut records: Vec<RequestRecord> = arrivals
         .iter()
         .map(|a| RequestRecord {
-            id: a.id,
-            tier: a.tier,
-            at_ms: a.at_ms,
-            send_lag_ms: 0.0,
-            status: 0,
-            latency_ms: 0.0,
-            ttft_ms: None,
-            stream: a.stream,
-            requested_tokens: a.max_tokens,
-            completion_tokens: 0,
             decision: if input.mode.uses_sluice() {
                 String::new()
             } else {
                 "direct".into()
             },
-            reason: String::new(),
-            pool: String::new(),
-            queue_wait_ms: None,
+            ..RequestRecord::pending(a)
         })
         .collect();
     let mut proxy = input.config.map(|cfg| {

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use sluice::policy::{PressureState, Tier};
 
-use crate::scenario::ser_tier;
+use crate::scenario::{ser_tier, Arrival};
 
 /// How a run routes requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
@@ -71,6 +71,26 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
+    /// The record of an arrival before anything has answered it (status 0: no response).
+    pub fn pending(a: &Arrival) -> Self {
+        Self {
+            id: a.id,
+            tier: a.tier,
+            at_ms: a.at_ms,
+            send_lag_ms: 0.0,
+            status: 0,
+            latency_ms: 0.0,
+            ttft_ms: None,
+            stream: a.stream,
+            requested_tokens: a.max_tokens,
+            completion_tokens: 0,
+            decision: String::new(),
+            reason: String::new(),
+            pool: String::new(),
+            queue_wait_ms: None,
+        }
+    }
+
     pub fn completed(&self) -> bool {
         (200..300).contains(&self.status)
     }

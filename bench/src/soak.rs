@@ -253,14 +253,7 @@ fn rss_plot(points: &[(f64, u64, u64)]) -> String {
     );
     for k in 0..=4 {
         let v = ymax * k as f64 / 4.0;
-        let _ = write!(
-            s,
-            r##"<line x1="{l}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#eee"/><text x="{}" y="{:.1}" text-anchor="end" fill="#666">{v:.0}</text>"##,
-            w - r,
-            l - 4.0,
-            y(v) + 4.0,
-            y = y(v)
-        );
+        crate::svg::grid_line(&mut s, l, w - r, y(v), &format!("{v:.0}"));
     }
     let step = if tmax > 600.0 { 120.0 } else { 30.0 };
     let mut tt = 0.0;

@@ -161,14 +161,7 @@ fn panel(s: &mut String, run: &Run, y0: f64, end_ms: f64, x: &dyn Fn(f64) -> f64
     let py = |v: f64| p_top + p_h * (1.0 - (v / 100.0).clamp(0.0, 1.0));
     frame(s, p_top, p_h, "KV %");
     for v in [0.0, 50.0, 100.0] {
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#eee"/><text x="{}" y="{:.1}" text-anchor="end" fill="#666">{v:.0}</text>"##,
-            W - RIGHT,
-            LEFT - 4.0,
-            py(v) + 4.0,
-            y = py(v)
-        );
+        grid_line(s, LEFT, W - RIGHT, py(v), &format!("{v:.0}"));
     }
     let series = |f: &dyn Fn(&crate::record::Sample) -> Option<f64>| -> Vec<(f64, Option<f64>)> {
         run.samples
@@ -251,14 +244,7 @@ fn panel(s: &mut String, run: &Run, y0: f64, end_ms: f64, x: &dyn Fn(f64) -> f64
         } else {
             format!("{v} ms")
         };
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#eee"/><text x="{}" y="{:.1}" text-anchor="end" fill="#666">{label}</text>"##,
-            W - RIGHT,
-            LEFT - 4.0,
-            ly(v) + 4.0,
-            y = ly(v)
-        );
+        grid_line(s, LEFT, W - RIGHT, ly(v), &label);
     }
     for t in Tier::ALL {
         let y = ly(run.sla_ms[t.index()] as f64);
@@ -338,6 +324,16 @@ fn frame(s: &mut String, top: f64, h: f64, label: &str) {
         s,
         r##"<text transform="translate(14,{:.1}) rotate(-90)" text-anchor="middle" fill="#444">{label}</text>"##,
         top + h / 2.0
+    );
+}
+
+/// A horizontal grid line across the plot at height `y`, labelled on the left axis.
+pub fn grid_line(s: &mut String, left: f64, right: f64, y: f64, label: &str) {
+    let _ = writeln!(
+        s,
+        r##"<line x1="{left}" x2="{right}" y1="{y:.1}" y2="{y:.1}" stroke="#eee"/><text x="{}" y="{:.1}" text-anchor="end" fill="#666">{label}</text>"##,
+        left - 4.0,
+        y + 4.0
     );
 }
 
