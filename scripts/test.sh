@@ -8,10 +8,13 @@ log() { printf '\n== %s\n' "$*"; }
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-# Debian packages: cmake (Pingora's zlib-ng), prometheus (telemetry tests), chromium (dashboard
-# test), nginx and wrk (benchmarks), redis and postgresql (when the machine lacks them).
+# The C toolchain Pingora's build needs (cmake, cc), shared with scripts/run.sh.
+. scripts/build-deps.sh
+ensure_build_deps
+
+# Debian packages: prometheus (telemetry tests), chromium (dashboard test), nginx and wrk
+# (benchmarks), redis and postgresql (when the machine lacks them).
 need=()
-command -v cmake >/dev/null || need+=(cmake)
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v chromium >/dev/null || need+=(chromium)
 command -v nginx >/dev/null || need+=(nginx-light)
