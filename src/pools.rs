@@ -106,6 +106,9 @@ pub struct PoolHandle {
     pub balancer: Arc<Balancer>,
     /// The fallback model served here (fallback pools only).
     pub model: Option<String>,
+    /// A fallback served by a backend of the on-demand or spot pool runs on that pool's
+    /// capacity: its traffic counts there, and adaptive mode sends none to a saturated pool.
+    pub runs_on: Option<Pool>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -152,6 +155,7 @@ impl PoolSet {
                 pool,
                 balancer: svc.task(),
                 model,
+                runs_on: None,
             };
             services.push(svc);
             Ok::<_, std::io::Error>(handle)
@@ -170,12 +174,20 @@ impl PoolSet {
                 backends: vec![addr],
                 health_check: cfg.pools.on_demand.health_check.clone(),
             };
-            fallbacks.push(make(
+            let mut handle = make(
                 format!("fallback:{}", f.name),
                 Pool::Fallback,
                 &pc,
                 Some(f.model.clone()),
-            )?);
+            )?;
+            handle.runs_on = [
+                (Pool::OnDemand, &cfg.pools.on_demand),
+                (Pool::Spot, &cfg.pools.spot),
+            ]
+            .into_iter()
+            .find(|(_, p)| p.backends.iter().any(|b| *b == pc.backends[0]))
+            .map(|(pool, _)| pool);
+            fallbacks.push(handle);
         }
         let set = PoolSet {
             on_demand,

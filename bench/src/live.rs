@@ -276,7 +276,7 @@ async fn send(c: &HttpClient, url: &str, a: &Arrival, due: Instant) -> RequestRe
     let req = http::Request::post(url)
         .header("content-type", "application/json")
         .header("x-tenant-id", &a.tenant)
-        .header("x-request-id", format!("bench-{}", a.id))
+        .header("x-request-id", request_id(a))
         .body(Full::new(Bytes::from(body.to_string())));
     let Ok(req) = req else { return r };
     let exchange = async {
@@ -441,4 +441,9 @@ async fn feed_sla(
         };
         let _ = procs::put_json(&c, &url, &json!({"value": rate})).await;
     }
+}
+
+/// The id a request is sent with; the model derives the same policy ticket from it.
+pub fn request_id(a: &Arrival) -> String {
+    format!("bench-{}", a.id)
 }

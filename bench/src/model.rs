@@ -11,6 +11,8 @@
 use std::collections::VecDeque;
 
 use sluice::config::Config;
+use sluice::policy::adaptive::Outcome;
+use sluice::signals::vllm_text::Histogram;
 use sluice::policy::{
     self, tenant_policy::PolicyRules, Action, PolicyEngine, PolicyState, Pool, PoolSignals, Reason,
     RequestFacts, Tier,
@@ -36,6 +38,10 @@ struct Job {
     first_token: bool,
     /// The Sluice tier slot this job holds, released when it ends.
     slot: Option<Tier>,
+    /// When it joined the engine's waiting queue.
+    queued_at: f64,
+    /// The pool whose admission controller hears of its end (Sluice runs).
+    signal_pool: usize,
 }
 
 struct Engine {
@@ -44,6 +50,8 @@ struct Engine {
     running: Vec<Job>,
     waiting: VecDeque<Job>,
     healthy: bool,
+    /// `vllm:request_queue_time_seconds` as vLLM keeps it: cumulative sum and count.
+    queue_time: Histogram,
 }
 
 /// What a job did during one step.
@@ -60,6 +68,7 @@ impl Engine {
             running: Vec::new(),
             waiting: VecDeque::new(),
             healthy: true,
+            queue_time: Histogram::default(),
         }
     }
 
@@ -76,7 +85,7 @@ impl Engine {
     }
 
     /// Strict FIFO, as vLLM's scheduler and the simulator: a big head blocks smaller followers.
-    fn admit(&mut self) {
+    fn admit(&mut self, now: f64) {
         while let Some(head) = self.waiting.front() {
             if !self.fits(head.need) {
                 break;
@@ -85,6 +94,8 @@ impl Engine {
                 break;
             };
             self.kv_used += job.need;
+            self.queue_time.sum += (now - job.queued_at) / 1000.0;
+            self.queue_time.count += 1.0;
             // The simulator computes the prefill time after taking the reservation.
             let base = self.p.ttft_ms as f64
                 + job.prompt as f64 * self.p.prefill_us_per_token as f64 / 1000.0;
@@ -94,7 +105,7 @@ impl Engine {
         }
     }
 
-    fn step(&mut self, dt: f64, out: &mut Vec<Step>) {
+    fn step(&mut self, now: f64, dt: f64, out: &mut Vec<Step>) {
         let itl = self.p.itl_ms * self.factor();
         let mut i = 0;
         while i < self.running.len() {
@@ -120,7 +131,7 @@ impl Engine {
                 i += 1;
             }
         }
-        self.admit();
+        self.admit(now + dt);
     }
 }
 
@@ -137,10 +148,21 @@ struct Target {
     engine: usize,
     tokens: u64,
     fallback: bool,
+    /// The pool whose controller judges it (as `Pool::signal_index`).
+    signal_pool: usize,
 }
 
 const ON_DEMAND: usize = 0;
 const SPOT: usize = 1;
+
+/// The engine behind the spot pool (and the fallback): on-demand's own when `shared`.
+fn spot_engine(s: &Scenario) -> usize {
+    if s.backends.shared {
+        ON_DEMAND
+    } else {
+        SPOT
+    }
+}
 
 /// The proxy's state in the model.
 struct Proxy {
@@ -154,6 +176,12 @@ struct Proxy {
     queue_max: usize,
     queue_wait_ms: f64,
     has_fallback: bool,
+    /// Both pools and the fallback are one engine (`backends.shared`).
+    shared: bool,
+    /// Outcomes since the last policy sample, by pool.
+    outcomes: [Vec<Outcome>; 2],
+    /// Each pool's delay histogram at the previous sample, and when.
+    last_queue_time: [Option<(Histogram, f64)>; 2],
     /// Spot as Sluice's health checks see it.
     spot_seen_healthy: bool,
     hc_interval: f64,
@@ -208,6 +236,9 @@ pub fn run(input: ModelInput<'_>) -> Run {
             queue_max: cfg.queue.max_size,
             queue_wait_ms: cfg.queue.max_wait_ms() as f64,
             has_fallback: !cfg.fallbacks.is_empty(),
+            shared: s.backends.shared,
+            outcomes: Default::default(),
+            last_queue_time: [None, None],
             spot_seen_healthy: true,
             hc_interval: hc.interval_ms as f64,
             next_hc: 0.0,
@@ -218,6 +249,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
             sla_window_ms: input.sla_window_ms.map(|w| w as f64),
         }
     });
+    let sp_engine = spot_engine(s);
     let mut events = s.events.clone();
     events.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
     let mut next_event = 0;
@@ -235,14 +267,14 @@ pub fn run(input: ModelInput<'_>) -> Run {
     while (open > 0 || next_arrival < arrivals.len()) && now <= horizon + DRAIN_LIMIT_MS {
         while next_event < events.len() && events[next_event].at_s * 1000.0 <= now {
             match events[next_event].kind {
-                EventKind::SpotHealthy(h) => engines[SPOT].healthy = h,
+                EventKind::SpotHealthy(h) => engines[sp_engine].healthy = h,
             }
             next_event += 1;
         }
         if let Some(p) = proxy.as_mut() {
             if now >= p.next_hc {
                 p.next_hc += p.hc_interval;
-                if engines[SPOT].healthy {
+                if engines[sp_engine].healthy {
                     p.hc_fail = 0;
                     p.hc_ok += 1;
                     if p.hc_ok >= p.ok_needed {
@@ -267,18 +299,31 @@ pub fn run(input: ModelInput<'_>) -> Run {
                     })
                 });
                 let od = &engines[ON_DEMAND];
-                let sp = &engines[SPOT];
+                let sp = &engines[sp_engine];
+                // vLLM's queue delay as Sluice derives it from two scrapes of the histogram.
+                let mut delay = |pool: usize, e: &Engine| {
+                    let prev = p.last_queue_time[pool].replace((e.queue_time, now));
+                    prev.and_then(|(h, at)| {
+                        e.queue_time
+                            .interval_delay_ms(&h, e.waiting.len() as f64, now - at)
+                    })
+                };
                 let signals = PoolSignals {
                     pressure: Some(s.forced_pressure_at(now).unwrap_or(od.usage() * 100.0)),
                     queue_depth: Some(od.waiting.len() as f64),
                     sla_violation_rate: sla_rate,
+                    queue_time_ms: delay(ON_DEMAND, od),
+                    ttft_ms: None,
                 };
                 let spot = PoolSignals {
                     pressure: Some(sp.usage() * 100.0),
                     queue_depth: Some(sp.waiting.len() as f64),
                     sla_violation_rate: None,
+                    queue_time_ms: delay(SPOT, sp),
+                    ttft_ms: None,
                 };
-                p.state = p.policy.observe(&signals, &spot, now as u64);
+                let [o0, o1] = std::mem::take(&mut p.outcomes);
+                p.state = p.policy.sample(&signals, &spot, [&o0, &o1], now as u64);
             }
         }
         if now >= next_sample {
@@ -287,13 +332,16 @@ pub fn run(input: ModelInput<'_>) -> Run {
             samples.push(Sample {
                 t_ms: now as u64,
                 kv_on_demand: Some(engines[ON_DEMAND].usage() * 100.0),
-                kv_spot: Some(engines[SPOT].usage() * 100.0),
+                kv_spot: Some(engines[sp_engine].usage() * 100.0),
                 waiting_on_demand: Some(engines[ON_DEMAND].waiting.len() as f64),
                 policy_pressure: p.and_then(|p| p.state.signals.pressure),
                 states: p.map(|p| p.state.tiers.map(|t| t.state)),
                 fallback_active: p.map(|p| p.state.fallback_active),
                 inflight: p.map(|p| p.inflight.map(u64::from)),
                 queued: p.map(|p| p.queues.each_ref().map(|q| q.len() as u64)),
+                levels: p
+                    .filter(|p| p.rules.mode == policy::PolicyMode::Adaptive)
+                    .map(|p| p.state.pools.each_ref().map(|c| c.level)),
             });
         }
         while next_arrival < arrivals.len() && arrivals[next_arrival].at_ms as f64 <= now {
@@ -303,16 +351,13 @@ pub fn run(input: ModelInput<'_>) -> Run {
             let rec = &mut records[pos];
             match proxy.as_mut() {
                 None => {
-                    let engine = if a.tier == Tier::BestEffort {
-                        SPOT
-                    } else {
-                        ON_DEMAND
-                    };
-                    rec.pool = if engine == SPOT { "spot" } else { "on-demand" }.into();
+                    let spot = a.tier == Tier::BestEffort;
+                    rec.pool = if spot { "spot" } else { "on-demand" }.into();
                     let t = Target {
-                        engine,
+                        engine: if spot { sp_engine } else { ON_DEMAND },
                         tokens: a.max_tokens,
                         fallback: false,
+                        signal_pool: usize::from(spot),
                     };
                     if !dispatch(&mut engines, pos, a, t, None, rec, now) {
                         open -= 1;
@@ -331,6 +376,12 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 while q.front().is_some_and(|x| x.deadline <= now) {
                     let Some(x) = q.pop_front() else { break };
                     let r = &mut records[x.rec];
+                    p.outcomes[x.target.signal_pool].push(Outcome {
+                        at: now as u64,
+                        tier,
+                        latency_ms: None,
+                        failed: false,
+                    });
                     r.status = 429;
                     r.decision = "queue".into();
                     r.reason = Reason::QueueTimedOut.as_str().into();
@@ -342,7 +393,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
         }
         for engine in engines.iter_mut() {
             steps.clear();
-            engine.step(DT_MS, &mut steps);
+            engine.step(now, DT_MS, &mut steps);
             for st in steps.drain(..) {
                 match st {
                     Step::FirstToken(i) => {
@@ -360,8 +411,16 @@ pub fn run(input: ModelInput<'_>) -> Run {
                         let violated = r.latency_ms > sla_ms[r.tier.index()] as f64;
                         completions.push_back((end, violated));
                         open -= 1;
-                        if let (Some(p), Some(tier)) = (proxy.as_mut(), job.slot) {
-                            p.inflight[tier.index()] -= 1;
+                        if let Some(p) = proxy.as_mut() {
+                            if let Some(tier) = job.slot {
+                                p.inflight[tier.index()] -= 1;
+                            }
+                            p.outcomes[job.signal_pool].push(Outcome {
+                                at: end as u64,
+                                tier: r.tier,
+                                latency_ms: Some(r.latency_ms),
+                                failed: false,
+                            });
                         }
                     }
                 }
@@ -422,17 +481,34 @@ fn arrive(
     rec: &mut RequestRecord,
     now: f64,
 ) -> bool {
+    // As in the bench's Sluice config: the fallback is served by spot's backend, which is
+    // on-demand's own when the backend is shared (the first pool listing it wins).
+    let fallback_pool = if p.shared { Pool::OnDemand } else { Pool::Spot };
     let facts = RequestFacts {
         tier: a.tier,
         shapeable: true,
         fallback_available: p.has_fallback && p.spot_seen_healthy,
         spot_healthy: p.spot_seen_healthy,
+        fallback_pool: Some(fallback_pool),
+        ticket: policy::adaptive::ticket_of(&crate::live::request_id(a)),
     };
     let d = policy::decide(&p.state, &p.rules, &facts);
     rec.decision = d.action.name().into();
     rec.reason = d.reason.as_str().into();
+    let signal_pool = match d.pool {
+        Pool::Fallback => fallback_pool,
+        pool => pool,
+    }
+    .signal_index()
+    .unwrap_or(ON_DEMAND);
     if d.action == Action::Reject {
         rec.status = 429;
+        p.outcomes[signal_pool].push(Outcome {
+            at: now as u64,
+            tier: a.tier,
+            latency_ms: None,
+            failed: false,
+        });
         return false;
     }
     let tokens = match d.action.max_tokens_cap() {
@@ -440,13 +516,14 @@ fn arrive(
         None => a.max_tokens,
     };
     let target = Target {
-        engine: if d.pool == Pool::OnDemand {
+        engine: if d.pool == Pool::OnDemand || p.shared {
             ON_DEMAND
         } else {
             SPOT
         },
         tokens,
         fallback: d.pool == Pool::Fallback,
+        signal_pool,
     };
     rec.pool = d.pool.as_str().into();
     let tier = a.tier;
@@ -469,6 +546,12 @@ fn arrive(
         return true;
     }
     rec.status = 429;
+    p.outcomes[signal_pool].push(Outcome {
+        at: now as u64,
+        tier: a.tier,
+        latency_ms: None,
+        failed: false,
+    });
     rec.decision = if d.queue_eligible { "queue" } else { "reject" }.into();
     rec.reason = if d.queue_eligible {
         Reason::QueueDropped
@@ -514,7 +597,9 @@ fn dispatch(
         decode_left: 0.0,
         first_token: false,
         slot,
+        queued_at: now,
+        signal_pool: t.signal_pool,
     });
-    e.admit();
+    e.admit(now);
     true
 }

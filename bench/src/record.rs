@@ -18,12 +18,22 @@ pub enum Mode {
     /// Sluice with the KV-pressure signal only and the shipped pressure thresholds: no
     /// queue-depth or SLA-rate thresholds, no capacities, queue, fallback or spot eviction.
     Phase1,
-    /// Sluice with every signal, capacities, the queue, fallback and routing.
+    /// Sluice with every signal, capacities, the queue, fallback and routing, in thresholds
+    /// mode with the scenario's tuned knobs.
     Phase2,
+    /// Sluice exactly as shipped (`conf/sluice.yaml`: adaptive mode, its defaults), with only
+    /// the addresses, tenants and SLA targets of the scenario.
+    Adaptive,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 4] = [Mode::Baseline, Mode::Direct, Mode::Phase1, Mode::Phase2];
+    pub const ALL: [Mode; 5] = [
+        Mode::Baseline,
+        Mode::Direct,
+        Mode::Phase1,
+        Mode::Phase2,
+        Mode::Adaptive,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -31,6 +41,7 @@ impl Mode {
             Mode::Direct => "direct",
             Mode::Phase1 => "phase1",
             Mode::Phase2 => "phase2",
+            Mode::Adaptive => "adaptive",
         }
     }
 
@@ -39,7 +50,7 @@ impl Mode {
     }
 
     pub fn uses_sluice(self) -> bool {
-        matches!(self, Mode::Phase1 | Mode::Phase2)
+        matches!(self, Mode::Phase1 | Mode::Phase2 | Mode::Adaptive)
     }
 }
 
@@ -130,6 +141,8 @@ pub struct Sample {
     pub fallback_active: Option<bool>,
     pub inflight: Option<[u64; 3]>,
     pub queued: Option<[u64; 3]>,
+    /// Adaptive mode: the admission level of each pool (on-demand, spot).
+    pub levels: Option<[f64; 2]>,
 }
 
 fn ser_states<S: serde::Serializer>(

@@ -9,8 +9,12 @@ use serde::{Deserialize, Serialize};
 use sluice::policy::Tier;
 
 /// The built-in scenarios, embedded so the binary runs from any directory.
-pub const BUILT_IN: [(&str, &str); 7] = [
+pub const BUILT_IN: [(&str, &str); 8] = [
     ("seed", include_str!("../scenarios/seed.yaml")),
+    (
+        "shared-backend",
+        include_str!("../scenarios/shared-backend.yaml"),
+    ),
     ("seed-forced", include_str!("../scenarios/seed-forced.yaml")),
     (
         "seed-defaults",
@@ -133,6 +137,10 @@ pub struct Backends {
     #[serde(rename = "on-demand")]
     pub on_demand: SimParams,
     pub spot: SimParams,
+    /// One simulator serves both pools and the fallback model (with `on-demand`'s parameters):
+    /// every mode then runs on the same capacity as `direct`.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 /// `sluice sim` flags; the same numbers drive the in-process backend model.

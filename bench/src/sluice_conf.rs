@@ -72,6 +72,9 @@ pub fn for_mode(
     if !mode.uses_sluice() {
         return None;
     }
+    if mode == Mode::Adaptive {
+        return Some(shipped(s, addrs, dir, sla));
+    }
     let hc = json!({"path": "/health", "interval_ms": 250, "timeout_ms": 500,
                     "consecutive_success": 1, "consecutive_failure": 2});
     let tenants: serde_json::Map<String, Value> = s
@@ -149,6 +152,58 @@ pub fn for_mode(
         _ => {}
     }
     Some(cfg)
+}
+
+/// The shipped `conf/sluice.yaml` as a user deploys it: only what names this run's processes
+/// (listen address, backends, tenants, pid and upgrade files) and the scenario's SLA targets
+/// change; no knob is tuned for the scenario.
+fn shipped(s: &Scenario, addrs: &Addrs, dir: &Path, sla: SlaSignal) -> Value {
+    const SHIPPED: &str = include_str!("../../conf/sluice.yaml");
+    let yaml: serde_yaml::Value = serde_yaml::from_str(SHIPPED).unwrap_or_default();
+    let mut cfg = serde_json::to_value(yaml).unwrap_or_default();
+    if let Some(o) = cfg.as_object_mut() {
+        o.remove("tenants_file");
+    }
+    let tenants: serde_json::Map<String, Value> = s
+        .tenants
+        .iter()
+        .map(|t| {
+            let tier = Tier::parse(&t.tier).map_or("Best-Effort", |x| x.as_str());
+            (t.name.clone(), json!(tier))
+        })
+        .collect();
+    let mut patch = json!({
+        "listen": [addrs.sluice],
+        "server": {
+            "threads": 2,
+            "grace_period_seconds": 0,
+            "graceful_shutdown_timeout_seconds": 1,
+            "upgrade_sock": dir.join("upgrade.sock").display().to_string(),
+            "pid_file": dir.join("sluice.pid").display().to_string(),
+        },
+        "tenants": tenants,
+        "pools": {
+            "on-demand": {"backends": [addrs.on_demand]},
+            "spot": {"backends": [addrs.spot]},
+        },
+    });
+    for t in Tier::ALL {
+        patch["tiers"][tier_key(t)] = json!({"sla_target_ms": s.sla_ms.get(t)});
+    }
+    merge(&mut cfg, &patch);
+    if let Some(f) = cfg["fallbacks"].get_mut(0) {
+        f["url"] = json!(format!("http://{}", addrs.spot));
+        f["model"] = json!(FALLBACK_MODEL);
+    }
+    if sla == SlaSignal::Ledger {
+        merge(
+            &mut cfg,
+            &json!({"database_url": LEDGER_URL,
+                    "ledger": {"schema": "sluice_bench",
+                               "spool_dir": dir.join("spool").display().to_string()}}),
+        );
+    }
+    cfg
 }
 
 /// Parses a generated config with Sluice's own loader (which also validates it).

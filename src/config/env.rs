@@ -102,6 +102,10 @@ pub const OVERRIDES: &[(&str, &str, Setter)] = &[
             Ok(())
         },
     ),
+    ("SLUICE_POLICY_MODE", "policy.mode", |c, v| {
+        c.policy.mode = v.to_string();
+        Ok(())
+    }),
     ("SLUICE_MAX_BODY_BYTES", "limits.max_body_bytes", |c, v| {
         c.limits.max_body_bytes = num(v)?;
         Ok(())

@@ -102,6 +102,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     }
     coordination(c)?;
     telemetry(c)?;
+    adaptive(c)?;
 
     for tier in Tier::ALL {
         let t = c.tiers.get(tier);
@@ -177,6 +178,72 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
             "auth.require_api_key",
             "API keys are required but none are configured".into(),
         );
+    }
+    Ok(())
+}
+
+/// `policy:`: the mode's name and the adaptive controller's knobs, each in its range.
+fn adaptive(c: &Config) -> Result<(), ConfigError> {
+    let file = c.source.as_str();
+    let err = |key: &str, reason: String| Err(ConfigError::new(file, key, reason));
+    if crate::policy::PolicyMode::parse(&c.policy.mode).is_none() {
+        return err(
+            "policy.mode",
+            format!("{:?} is not adaptive or thresholds", c.policy.mode),
+        );
+    }
+    let a = &c.policy.adaptive;
+    let key = |k: &str| format!("policy.adaptive.{k}");
+    if a.window_ms == 0 {
+        return err(&key("window_ms"), "must be > 0".into());
+    }
+    if !(a.quantile > 0.0 && a.quantile <= 1.0) {
+        return err(&key("quantile"), format!("{} is outside (0, 1]", a.quantile));
+    }
+    if a.min_samples == 0 {
+        return err(&key("min_samples"), "must be at least 1".into());
+    }
+    for (name, v) in [
+        ("escalate_below", a.escalate_below),
+        ("relax_above", a.relax_above),
+    ] {
+        if !(v.is_finite() && (-1.0..1.0).contains(&v)) {
+            return err(&key(name), format!("{v} is outside -1..1 (a headroom)"));
+        }
+    }
+    if a.relax_above < a.escalate_below {
+        return err(
+            &key("relax_above"),
+            format!(
+                "must be at least escalate_below ({}), or the level would rise and fall on the same reading",
+                a.escalate_below
+            ),
+        );
+    }
+    for (name, v) in [
+        ("max_step_up", a.max_step_up),
+        ("min_step_up", a.min_step_up),
+        ("step_down", a.step_down),
+    ] {
+        if !(v.is_finite() && v > 0.0 && v <= 10.0) {
+            return err(&key(name), format!("{v} is outside (0, 10] steps per sample"));
+        }
+    }
+    if a.min_step_up > a.max_step_up {
+        return err(
+            &key("min_step_up"),
+            format!("must not exceed max_step_up ({})", a.max_step_up),
+        );
+    }
+    if let Some(p) = a.rail_pressure_at {
+        if !(p.is_finite() && (0.0..=100.0).contains(&p)) {
+            return err(&key("rail_pressure_at"), format!("{p} is outside 0..=100"));
+        }
+    }
+    if let Some(q) = a.rail_queue_depth_at {
+        if !(q.is_finite() && q >= 0.0) {
+            return err(&key("rail_queue_depth_at"), format!("{q} must be >= 0"));
+        }
     }
     Ok(())
 }

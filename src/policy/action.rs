@@ -54,6 +54,8 @@ mod tests {
             shapeable,
             fallback_available,
             spot_healthy: true,
+            fallback_pool: None,
+            ticket: 0,
         }
     }
 

@@ -9,6 +9,8 @@
 //!   the tier's state into a plan, [`action`] picks the intervention and [`routing`] picks the pool.
 
 pub mod action;
+pub mod adaptive;
+mod adaptive_decide;
 pub mod fallback;
 pub mod pressure;
 pub mod reason;
@@ -20,6 +22,7 @@ mod types;
 pub use reason::Reason;
 pub use types::*;
 
+use adaptive::{Outcome, PoolControl, PoolController};
 use fallback::SustainedPressureTracker;
 use stability::StabilityModel;
 use tenant_policy::PolicyRules;
@@ -28,12 +31,14 @@ use tenant_policy::PolicyRules;
 pub type Millis = u64;
 
 /// Holds the state that must persist between samples: one stability model per tier and the
-/// fallback tracker. Everything else is recomputed from each sample.
+/// fallback tracker (thresholds mode), one admission controller per pool (adaptive mode).
+/// Everything else is recomputed from each sample.
 #[derive(Debug, Clone)]
 pub struct PolicyEngine {
     rules: PolicyRules,
     stability: [StabilityModel; 3],
     fallback: SustainedPressureTracker,
+    controllers: [PoolController; 2],
 }
 
 impl PolicyEngine {
@@ -44,6 +49,7 @@ impl PolicyEngine {
             rules,
             stability,
             fallback,
+            controllers: Default::default(),
         }
     }
 
@@ -61,8 +67,40 @@ impl PolicyEngine {
         self.rules = rules;
     }
 
-    /// Feeds one sample of the signals (on-demand pool for tier states, spot pool for eviction).
+    /// Feeds one sample of the signals (on-demand pool for tier states, spot pool for eviction)
+    /// with no request outcomes.
     pub fn observe(
+        &mut self,
+        signals: &PoolSignals,
+        spot: &PoolSignals,
+        now: Millis,
+    ) -> PolicyState {
+        self.sample(signals, spot, [&[], &[]], now)
+    }
+
+    /// Feeds one sample: each pool's signals and the outcomes of the requests it served since
+    /// the previous sample (by [`Pool::signal_index`]).
+    pub fn sample(
+        &mut self,
+        signals: &PoolSignals,
+        spot: &PoolSignals,
+        outcomes: [&[Outcome]; 2],
+        now: Millis,
+    ) -> PolicyState {
+        let (rules, [od, sp]) = (&self.rules, &mut self.controllers);
+        let pools = [
+            od.observe(rules, &rules.adaptive, signals, outcomes[0], now),
+            sp.observe(rules, &rules.adaptive, spot, outcomes[1], now),
+        ];
+        let mut state = self.threshold_state(signals, spot, now);
+        if self.rules.mode == PolicyMode::Adaptive {
+            adaptive_decide::tier_states(&self.rules, &pools, &mut state.tiers);
+        }
+        state.pools = pools;
+        state
+    }
+
+    fn threshold_state(
         &mut self,
         signals: &PoolSignals,
         spot: &PoolSignals,
@@ -86,6 +124,7 @@ impl PolicyEngine {
             pressure::evaluate(&self.rules.spot_eviction, spot, &self.rules.stability).escalate;
         PolicyState {
             tiers,
+            pools: [PoolControl::idle(Vec::new()), PoolControl::idle(Vec::new())],
             fallback_active,
             spot_state,
             signals: *signals,
@@ -97,6 +136,9 @@ impl PolicyEngine {
 
 /// Decides one request. Pure: the same state, rules and request always give the same decision.
 pub fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFacts) -> Decision {
+    if rules.mode == PolicyMode::Adaptive {
+        return adaptive_decide::decide(state, rules, req);
+    }
     let tier_state = &state.tiers[req.tier.index()];
     let plan = tenant_policy::plan(rules, tier_state, state.fallback_active);
     let (action, reason) = action::select(&plan, tier_state, req);
@@ -116,12 +158,22 @@ pub fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFacts) -> D
 mod tests {
     use super::*;
 
+    /// The prototype's policy: these tests pin its behaviour in `thresholds` mode.
+    fn thresholds() -> PolicyRules {
+        PolicyRules {
+            mode: PolicyMode::Thresholds,
+            ..PolicyRules::default()
+        }
+    }
+
     fn facts(tier: Tier) -> RequestFacts {
         RequestFacts {
             tier,
             shapeable: true,
             fallback_available: true,
             spot_healthy: true,
+            fallback_pool: None,
+            ticket: 0,
         }
     }
 
@@ -135,7 +187,7 @@ mod tests {
     /// Drives the whole pipeline through the "done when" story in simulated time.
     #[test]
     fn pressure_story_through_the_pipeline() {
-        let mut engine = PolicyEngine::new(PolicyRules::default());
+        let mut engine = PolicyEngine::new(thresholds());
         let spot = PoolSignals::default();
         let mut now = 0;
         let mut run = |p: f64, samples: u32| {
@@ -147,28 +199,28 @@ mod tests {
             s.unwrap()
         };
         let s = run(20.0, 3);
-        let d = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
+        let d = decide(&s, &thresholds(), &facts(Tier::BestEffort));
         assert_eq!(
             (d.action, d.reason, d.pool),
             (Action::Pass, Reason::BelowTierThreshold, Pool::Spot)
         );
 
         let s = run(65.0, 2);
-        let be = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
+        let be = decide(&s, &thresholds(), &facts(Tier::BestEffort));
         assert_eq!(
             (be.action, be.reason),
             (Action::Reject, Reason::RejectPressure)
         );
-        let g = decide(&s, &PolicyRules::default(), &facts(Tier::Guaranteed));
+        let g = decide(&s, &thresholds(), &facts(Tier::Guaranteed));
         assert_eq!(g.action, Action::Pass);
 
         let s = run(75.0, 3);
-        let st = decide(&s, &PolicyRules::default(), &facts(Tier::Standard));
+        let st = decide(&s, &thresholds(), &facts(Tier::Standard));
         assert_eq!(st.action, Action::Degrade { max_tokens: 256 });
         assert_eq!(st.state, PressureState::Elevated);
 
         let s = run(87.0, 3);
-        let st = decide(&s, &PolicyRules::default(), &facts(Tier::Standard));
+        let st = decide(&s, &thresholds(), &facts(Tier::Standard));
         assert_eq!(
             st.action,
             Action::Fallback {
@@ -178,7 +230,7 @@ mod tests {
         assert_eq!(st.pool, Pool::Fallback);
 
         let s = run(20.0, 4);
-        let st = decide(&s, &PolicyRules::default(), &facts(Tier::Standard));
+        let st = decide(&s, &thresholds(), &facts(Tier::Standard));
         assert_eq!(
             st.action,
             Action::Pass,
@@ -189,7 +241,7 @@ mod tests {
     #[test]
     fn no_samples_fails_open() {
         let s = PolicyState::initial();
-        let d = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
+        let d = decide(&s, &thresholds(), &facts(Tier::BestEffort));
         assert_eq!(
             (d.action, d.reason),
             (Action::Pass, Reason::SignalsUnavailableFailOpen)
@@ -198,9 +250,9 @@ mod tests {
 
     #[test]
     fn spot_pressure_evicts_best_effort() {
-        let mut engine = PolicyEngine::new(PolicyRules::default());
+        let mut engine = PolicyEngine::new(thresholds());
         let s = engine.observe(&pressure(10.0), &pressure(95.0), 1000);
-        let d = decide(&s, &PolicyRules::default(), &facts(Tier::BestEffort));
+        let d = decide(&s, &thresholds(), &facts(Tier::BestEffort));
         assert_eq!(
             (d.pool, d.route_reason),
             (Pool::OnDemand, Reason::RouteSpotPressure)

@@ -118,6 +118,7 @@ mod tests {
             pressure: p,
             queue_depth: q,
             sla_violation_rate: r,
+            ..Default::default()
         }
     }
 

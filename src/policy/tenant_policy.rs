@@ -3,10 +3,11 @@
 //! SLA target, capacity) and turns a tier's state into a [`TierPlan`]. The stages after it are
 //! tier-agnostic.
 
+use super::adaptive::AdaptiveTuning;
 use super::fallback::FallbackTuning;
 use super::pressure::{Threshold, Thresholds};
 use super::stability::StabilityTuning;
-use super::{Pool, PressureState, Reason, Tier, TierState};
+use super::{PolicyMode, Pool, PressureState, Reason, Tier, TierState};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TierRules {
@@ -25,8 +26,10 @@ pub struct TierRules {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyRules {
+    pub mode: PolicyMode,
     /// Indexed by [`Tier::index`].
     pub tiers: [TierRules; 3],
+    pub adaptive: AdaptiveTuning,
     pub stability: StabilityTuning,
     pub fallback: FallbackTuning,
     /// Thresholds on the spot pool's own signals; Critical evicts Best-Effort to on-demand.
@@ -83,7 +86,9 @@ impl Default for PolicyRules {
             inflight_capacity: 0,
         };
         PolicyRules {
+            mode: PolicyMode::default(),
             tiers: [guaranteed, standard, best_effort],
+            adaptive: AdaptiveTuning::default(),
             stability: StabilityTuning::default(),
             fallback: FallbackTuning::default(),
             spot_eviction: Thresholds {

@@ -1,3 +1,4 @@
+use super::adaptive::PoolControl;
 use super::{Millis, Reason};
 use std::fmt;
 
@@ -91,11 +92,17 @@ impl SignalKind {
 /// The values the policy sees for one pool; `None` means unavailable (never a stale value).
 /// Pressure is KV-cache usage in percent (0–100), queue depth is vLLM's waiting requests, the SLA
 /// violation rate is a fraction (0–1) of completed requests that missed their tier's target.
+/// The delays are vLLM's own means over the last sample interval (from its histograms), used by
+/// the adaptive controller only.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct PoolSignals {
     pub pressure: Option<f64>,
     pub queue_depth: Option<f64>,
     pub sla_violation_rate: Option<f64>,
+    /// Mean of `vllm:request_queue_time_seconds` over the interval, in ms.
+    pub queue_time_ms: Option<f64>,
+    /// Mean of `vllm:time_to_first_token_seconds` over the interval, in ms.
+    pub ttft_ms: Option<f64>,
 }
 
 /// One tier's evaluated state after stabilisation.
@@ -114,6 +121,8 @@ pub struct TierState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyState {
     pub tiers: [TierState; 3],
+    /// Adaptive mode: each pool's admission control (on-demand, spot), by [`Pool::signal_index`].
+    pub pools: [PoolControl; 2],
     pub fallback_active: bool,
     /// Spot pool's own severity against the eviction thresholds.
     pub spot_state: PressureState,
@@ -134,6 +143,7 @@ impl PolicyState {
         });
         PolicyState {
             tiers,
+            pools: [PoolControl::idle(Vec::new()), PoolControl::idle(Vec::new())],
             fallback_active: false,
             spot_state: PressureState::Normal,
             signals: PoolSignals::default(),
@@ -157,6 +167,12 @@ pub struct RequestFacts {
     pub fallback_available: bool,
     /// The spot pool has at least one healthy backend.
     pub spot_healthy: bool,
+    /// The pool whose backends also serve the fallback model, if any: in adaptive mode a
+    /// saturated pool takes no fallback traffic.
+    pub fallback_pool: Option<Pool>,
+    /// Picks the request's place within a tier's share (adaptive mode sheds, moves or caps a
+    /// share of a tier): the same ticket always gets the same answer.
+    pub ticket: u64,
 }
 
 /// The intervention applied to a request.
@@ -203,6 +219,16 @@ pub enum Pool {
 }
 
 impl Pool {
+    /// The pool whose signals and admission control apply: the fallback backend's traffic is
+    /// judged where it runs, which the caller knows (see [`RequestFacts::fallback_pool`]).
+    pub fn signal_index(self) -> Option<usize> {
+        match self {
+            Pool::OnDemand => Some(0),
+            Pool::Spot => Some(1),
+            Pool::Fallback => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Pool::OnDemand => "on-demand",
@@ -223,4 +249,31 @@ pub struct Decision {
     pub route_reason: Reason,
     /// When the tier's in-flight capacity is full, wait in the queue rather than reject.
     pub queue_eligible: bool,
+}
+
+/// How tiers are governed: `thresholds` is the prototype's static per-tier thresholds on the
+/// on-demand pool's signals; `adaptive` is SLO feedback per pool ([`super::adaptive`]) with the
+/// thresholds kept only as hard rails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PolicyMode {
+    Thresholds,
+    #[default]
+    Adaptive,
+}
+
+impl PolicyMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyMode::Thresholds => "thresholds",
+            PolicyMode::Adaptive => "adaptive",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "thresholds" => Some(PolicyMode::Thresholds),
+            "adaptive" => Some(PolicyMode::Adaptive),
+            _ => None,
+        }
+    }
 }

@@ -253,6 +253,8 @@ fn decide(
         shapeable,
         fallback_available: fallback.is_some(),
         spot_healthy: app.pools.healthy_count(&app.pools.spot) > 0,
+        fallback_pool: fallback.and_then(|i| app.pools.fallbacks[i].runs_on),
+        ticket: policy::adaptive::ticket_of(&ctx.request_id),
     };
     let decision = policy::decide(state, rules, &facts);
     ctx.label = decision.action.name();

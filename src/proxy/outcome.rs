@@ -276,6 +276,7 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         error: ctx.error.clone(),
         queue_outcome: queue_outcome(ctx).map(str::to_string),
     };
+    feed_controller(app, ctx, latency, proxied);
     let m = &app.metrics;
     m.decisions
         .with_label_values(&[tier_name, label, reason])
@@ -320,6 +321,40 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         sink.record(Arc::clone(&record));
     }
     app.decisions.push(record);
+}
+
+/// The adaptive controller's outcome stream: every request the policy decided, on the pool that
+/// served it (a fallback on the pool whose backend runs it). A refusal counts as the tier's
+/// traffic without a latency; a backend failure counts as a missed target.
+fn feed_controller(app: &App, ctx: &Ctx, latency: std::time::Duration, proxied: bool) {
+    let Some(d) = ctx.decision.as_ref() else {
+        return;
+    };
+    let pool = match d.pool {
+        crate::policy::Pool::Fallback => ctx
+            .fallback_index
+            .and_then(|i| app.pools.fallbacks.get(i))
+            .and_then(|h| h.runs_on),
+        p => Some(p),
+    };
+    let Some(index) = pool.and_then(crate::policy::Pool::signal_index) else {
+        return;
+    };
+    let failed = proxied
+        && matches!(
+            ctx.error.as_deref(),
+            Some("upstream_error" | "upstream_timeout" | "connect_error")
+        );
+    let served = proxied && ctx.error.is_none();
+    app.hub.record_outcome(
+        index,
+        crate::policy::adaptive::Outcome {
+            at: app.hub.clock().now_ms(),
+            tier: d.tier,
+            latency_ms: served.then(|| latency.as_secs_f64() * 1000.0),
+            failed,
+        },
+    );
 }
 
 #[cfg(test)]

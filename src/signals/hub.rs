@@ -5,6 +5,9 @@ use crate::policy::tenant_policy::PolicyRules;
 use crate::policy::{Millis, PolicyEngine, PolicyState, PoolSignals, SignalKind};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use serde::Serialize;
+use super::vllm_text::Histogram;
+use crate::policy::adaptive::Outcome;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -55,6 +58,11 @@ pub struct BackendScrape {
     pub backend: String,
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
+    /// vLLM's cumulative queue-time and TTFT histograms (sum and count).
+    #[serde(skip)]
+    pub queue_time: Option<Histogram>,
+    #[serde(skip)]
+    pub ttft: Option<Histogram>,
     pub error: Option<String>,
 }
 
@@ -65,6 +73,12 @@ pub struct ScrapeRound {
     pub at: Millis,
     pub pressure: Option<f64>,
     pub queue_depth: Option<f64>,
+    /// The pool's delay histograms summed over backends (cumulative).
+    pub queue_time: Option<Histogram>,
+    pub ttft: Option<Histogram>,
+    /// Mean queue delay and TTFT since the previous round, set by [`SignalHub::record_scrape`].
+    pub queue_time_ms: Option<f64>,
+    pub ttft_ms: Option<f64>,
     pub backends: Vec<BackendScrape>,
 }
 
@@ -72,12 +86,36 @@ impl ScrapeRound {
     pub fn aggregate(at: Millis, backends: Vec<BackendScrape>) -> Self {
         let kv: Vec<f64> = backends.iter().filter_map(|b| b.kv_usage).collect();
         let waiting: Vec<f64> = backends.iter().filter_map(|b| b.waiting).collect();
+        let sum = |f: fn(&BackendScrape) -> Option<Histogram>| {
+            backends.iter().map(f).fold(None, Histogram::add)
+        };
         ScrapeRound {
             at,
             pressure: (!kv.is_empty()).then(|| 100.0 * kv.iter().sum::<f64>() / kv.len() as f64),
             queue_depth: (!waiting.is_empty()).then(|| waiting.iter().sum()),
+            queue_time: sum(|b| b.queue_time),
+            ttft: sum(|b| b.ttft),
+            queue_time_ms: None,
+            ttft_ms: None,
             backends,
         }
+    }
+
+    /// The means over the interval since `prev`. A queue nobody left during the whole interval
+    /// while requests wait has a delay of at least the interval, not an unknown one.
+    fn with_delays_since(mut self, prev: Option<&ScrapeRound>) -> Self {
+        let Some(prev) = prev else { return self };
+        let interval = self.at.saturating_sub(prev.at) as f64;
+        let waiting = self.queue_depth.unwrap_or(0.0);
+        self.queue_time_ms = match (self.queue_time, prev.queue_time) {
+            (Some(now), Some(then)) => now.interval_delay_ms(&then, waiting, interval),
+            _ => None,
+        };
+        self.ttft_ms = match (self.ttft, prev.ttft) {
+            (Some(now), Some(then)) => now.mean_ms_since(&then),
+            _ => None,
+        };
+        self
     }
 }
 
@@ -131,7 +169,13 @@ pub struct SignalHub {
     prometheus: ArcSwapOption<PrometheusHealth>,
     /// The `signals.source` the samplers were started with (a reload cannot change it).
     source: OnceLock<&'static str>,
+    /// Request outcomes on their way from `logging` to the next tick, by pool index.
+    outcomes: (SyncSender<(usize, Outcome)>, Mutex<Receiver<(usize, Outcome)>>),
+    outcomes_dropped: std::sync::atomic::AtomicU64,
 }
+
+/// Outcomes buffered between two ticks; past it they are dropped (and counted).
+const OUTCOME_BUFFER: usize = 16_384;
 
 fn kind_index(kind: SignalKind) -> usize {
     match kind {
@@ -158,6 +202,11 @@ impl SignalHub {
             state: ArcSwap::from_pointee(PolicyState::initial()),
             prometheus: ArcSwapOption::empty(),
             source: OnceLock::new(),
+            outcomes: {
+                let (tx, rx) = sync_channel(OUTCOME_BUFFER);
+                (tx, Mutex::new(rx))
+            },
+            outcomes_dropped: Default::default(),
         }
     }
 
@@ -192,9 +241,24 @@ impl SignalHub {
     }
 
     pub fn record_scrape(&self, pool: SignalPool, round: ScrapeRound) {
-        self.pools[pool.index()]
-            .scraped
-            .store(Arc::new(Some(round)));
+        let cell = &self.pools[pool.index()].scraped;
+        let round = round.with_delays_since(cell.load().as_ref().as_ref());
+        cell.store(Arc::new(Some(round)));
+    }
+
+    /// Hands one finished (or refused) request to the adaptive controller of the pool that
+    /// served it. Never blocks: a full buffer drops the outcome (the controller only needs a
+    /// sample of them), counted in `outcomes_dropped`.
+    pub fn record_outcome(&self, pool: usize, outcome: Outcome) {
+        if self.outcomes.0.try_send((pool, outcome)).is_err() {
+            self.outcomes_dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    pub fn outcomes_dropped(&self) -> u64 {
+        self.outcomes_dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn last_scrape(&self, pool: SignalPool) -> Option<ScrapeRound> {
@@ -383,19 +447,41 @@ impl SignalHub {
     }
 
     pub fn signals(&self, pool: SignalPool, now: Millis) -> PoolSignals {
+        let round = self.pools[pool.index()].scraped.load();
+        let fresh = round
+            .as_ref()
+            .as_ref()
+            .filter(|r| now.saturating_sub(r.at) <= self.stale_after_ms);
         PoolSignals {
             pressure: self.reading(pool, SignalKind::Pressure, now).value,
             queue_depth: self.reading(pool, SignalKind::QueueDepth, now).value,
             sla_violation_rate: self.reading(pool, SignalKind::SlaViolationRate, now).value,
+            queue_time_ms: fresh.and_then(|r| r.queue_time_ms),
+            ttft_ms: fresh.and_then(|r| r.ttft_ms),
         }
     }
 
-    /// Advances the policy by one sample and publishes the new state.
+    /// Advances the policy by one sample, with the outcomes recorded since the last one, and
+    /// publishes the new state.
     pub fn tick(&self) -> Arc<PolicyState> {
         let now = self.clock.now_ms();
         let on_demand = self.signals(SignalPool::OnDemand, now);
         let spot = self.signals(SignalPool::Spot, now);
-        let state = Arc::new(self.engine_lock().observe(&on_demand, &spot, now));
+        let mut outcomes: [Vec<Outcome>; 2] = Default::default();
+        {
+            let rx = self.outcomes.1.lock().unwrap_or_else(|e| e.into_inner());
+            while let Ok((pool, o)) = rx.try_recv() {
+                if let Some(v) = outcomes.get_mut(pool) {
+                    v.push(o);
+                }
+            }
+        }
+        let state = Arc::new(self.engine_lock().sample(
+            &on_demand,
+            &spot,
+            [&outcomes[0], &outcomes[1]],
+            now,
+        ));
         self.state.store(Arc::clone(&state));
         state
     }
@@ -413,6 +499,8 @@ mod tests {
             backend: "a".into(),
             kv_usage: Some(0.4),
             waiting: Some(2.0),
+            queue_time: None,
+            ttft: None,
             error: None,
         }];
         hub.record_scrape(
@@ -440,6 +528,8 @@ mod tests {
                 backend: "a".into(),
                 kv_usage: Some(v),
                 waiting: None,
+                queue_time: None,
+                ttft: None,
                 error: None,
             }]
         };
@@ -485,7 +575,11 @@ mod tests {
 
     #[test]
     fn ticks_drive_the_engine() {
-        let hub = SignalHub::new(Clock::new(), 60_000, PolicyRules::default());
+        let rules = PolicyRules {
+            mode: crate::policy::PolicyMode::Thresholds,
+            ..PolicyRules::default()
+        };
+        let hub = SignalHub::new(Clock::new(), 60_000, rules);
         hub.set_override(SignalPool::OnDemand, SignalKind::Pressure, Some(65.0));
         hub.tick();
         let s = hub.tick();

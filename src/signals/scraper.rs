@@ -67,6 +67,8 @@ async fn scrape(
         backend: backend.to_string(),
         kv_usage: None,
         waiting: None,
+        queue_time: None,
+        ttft: None,
         error: Some(error),
     };
     let uri = match format!("http://{backend}/metrics").parse::<http::Uri>() {
@@ -99,6 +101,8 @@ async fn scrape(
                 backend: backend.to_string(),
                 kv_usage: reading.kv_usage,
                 waiting: reading.waiting,
+                queue_time: reading.queue_time,
+                ttft: reading.ttft,
                 error,
             }
         }

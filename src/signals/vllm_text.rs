@@ -2,21 +2,79 @@
 //!
 //! KV usage comes from `vllm:kv_cache_usage_perc` (vLLM ≥ 0.10) or `vllm:gpu_cache_usage_perc`
 //! (older), both 0–1 fractions, averaged over `engine` series (each engine owns its own cache);
-//! the waiting queue is `vllm:num_requests_waiting`, summed over engines.
+//! the waiting queue is `vllm:num_requests_waiting`, summed over engines. The delay histograms
+//! (`vllm:request_queue_time_seconds`, `vllm:time_to_first_token_seconds`) are read as their
+//! cumulative `_sum` and `_count`, summed over series: a mean over an interval is the difference
+//! of two scrapes.
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BackendReading {
     /// KV-cache usage as a fraction 0–1.
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
+    pub queue_time: Option<Histogram>,
+    pub ttft: Option<Histogram>,
+}
+
+/// A histogram's cumulative sum (seconds) and count.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Histogram {
+    pub sum: f64,
+    pub count: f64,
+}
+
+impl Histogram {
+    /// Mean in milliseconds of what was observed between `earlier` and `self`; `None` when
+    /// nothing was observed or a counter went backwards (a restarted backend).
+    pub fn mean_ms_since(&self, earlier: &Histogram) -> Option<f64> {
+        let (ds, dc) = (self.sum - earlier.sum, self.count - earlier.count);
+        (dc > 0.0 && ds >= 0.0).then(|| 1000.0 * ds / dc)
+    }
+
+    /// vLLM's queue delay over an interval of `interval_ms` ending now: the mean wait of the
+    /// requests that left the queue, and when none did while `waiting` requests sat in it, the
+    /// whole interval (the head has waited at least that long; "unknown" would hide a stall).
+    pub fn interval_delay_ms(
+        &self,
+        earlier: &Histogram,
+        waiting: f64,
+        interval_ms: f64,
+    ) -> Option<f64> {
+        if self.count < earlier.count {
+            return None;
+        }
+        Some(self.mean_ms_since(earlier).unwrap_or(if waiting > 0.0 {
+            interval_ms
+        } else {
+            0.0
+        }))
+    }
+
+    pub fn add(a: Option<Histogram>, b: Option<Histogram>) -> Option<Histogram> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(Histogram {
+                sum: a.sum + b.sum,
+                count: a.count + b.count,
+            }),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 const KV_CURRENT: &str = "vllm:kv_cache_usage_perc";
 const KV_LEGACY: &str = "vllm:gpu_cache_usage_perc";
 const WAITING: &str = "vllm:num_requests_waiting";
+const QUEUE_TIME_SUM: &str = "vllm:request_queue_time_seconds_sum";
+const QUEUE_TIME_COUNT: &str = "vllm:request_queue_time_seconds_count";
+const TTFT_SUM: &str = "vllm:time_to_first_token_seconds_sum";
+const TTFT_COUNT: &str = "vllm:time_to_first_token_seconds_count";
 
 pub fn parse(text: &str) -> BackendReading {
     let (mut kv_now, mut kv_old, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
+    // (sum, count) seen for each histogram; both halves are needed for a reading.
+    let mut queue = (None::<f64>, None::<f64>);
+    let mut ttft = (None::<f64>, None::<f64>);
+    let add = |slot: &mut Option<f64>, v: f64| *slot = Some(slot.unwrap_or(0.0) + v);
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -29,13 +87,25 @@ pub fn parse(text: &str) -> BackendReading {
             KV_CURRENT => kv_now.push(value),
             KV_LEGACY => kv_old.push(value),
             WAITING => waiting.push(value),
+            QUEUE_TIME_SUM => add(&mut queue.0, value),
+            QUEUE_TIME_COUNT => add(&mut queue.1, value),
+            TTFT_SUM => add(&mut ttft.0, value),
+            TTFT_COUNT => add(&mut ttft.1, value),
             _ => {}
         }
     }
     let kv = if kv_now.is_empty() { kv_old } else { kv_now };
+    let histogram = |(sum, count): (Option<f64>, Option<f64>)| {
+        Some(Histogram {
+            sum: sum?,
+            count: count?,
+        })
+    };
     BackendReading {
         kv_usage: (!kv.is_empty()).then(|| kv.iter().sum::<f64>() / kv.len() as f64),
         waiting: (!waiting.is_empty()).then(|| waiting.iter().sum()),
+        queue_time: histogram(queue),
+        ttft: histogram(ttft),
     }
 }
 
@@ -69,6 +139,27 @@ vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 9.0\n";
         let r = parse(text);
         assert!((r.kv_usage.unwrap() - 0.6).abs() < 1e-9);
         assert_eq!(r.waiting, Some(7.0));
+    }
+
+    #[test]
+    fn delay_histograms_are_summed_and_differenced() {
+        let text = "vllm:request_queue_time_seconds_sum{engine=\"0\"} 1.5\n\
+                    vllm:request_queue_time_seconds_count{engine=\"0\"} 3\n\
+                    vllm:request_queue_time_seconds_sum{engine=\"1\"} 0.5\n\
+                    vllm:request_queue_time_seconds_count{engine=\"1\"} 1\n\
+                    vllm:request_queue_time_seconds_bucket{engine=\"1\",le=\"+Inf\"} 1\n\
+                    vllm:time_to_first_token_seconds_sum 2\n";
+        let r = parse(text);
+        let q = r.queue_time.unwrap();
+        assert_eq!((q.sum, q.count), (2.0, 4.0));
+        assert_eq!(r.ttft, None, "a sum without its count is no reading");
+        let later = Histogram {
+            sum: 3.0,
+            count: 6.0,
+        };
+        assert_eq!(later.mean_ms_since(&q), Some(500.0));
+        assert_eq!(q.mean_ms_since(&q), None, "nothing observed");
+        assert_eq!(q.mean_ms_since(&later), None, "counter reset");
     }
 
     #[test]

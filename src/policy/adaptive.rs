@@ -1,0 +1,638 @@
+//! SLO-feedback admission (`policy.mode: adaptive`): each pool keeps an *admission level* over a
+//! ladder of interventions, raised when the tiers it protects lose latency headroom against
+//! their SLA targets and lowered, slowly, when the headroom comes back. KV-cache thresholds only
+//! stay as hard rails. The idea is DAGOR's (admission level over business priority driven by
+//! measured queuing delay) with the seed's tiers as the priorities.
+//!
+//! The ladder ([`ladder`]) orders what may be done to a pool's traffic, cheapest first:
+//! 1. cap `max_tokens` of the non-Guaranteed tiers, lowest tier first: a capped request is still
+//!    served, and a shorter generation frees KV sooner for everyone;
+//! 2. move a fallback-eligible tier to the fallback model (other capacity), lowest first;
+//! 3. shed the non-Guaranteed tiers, lowest first;
+//! 4. cap Guaranteed last. Guaranteed is never shed by the controller, only by a hard rail.
+//!
+//! The level is a real number: level 2.4 means steps 0 and 1 apply to all of their tier's
+//! requests and step 2 to 40 % of them (picked by the request's ticket, so deterministically).
+//! A step moves on the headroom of the tiers it protects: a cap or fallback step on its own tier
+//! and those above it, a shed step only on the tiers strictly above (a tier is never shed to
+//! rescue its own latency: that would turn its late answers into refusals and help nobody).
+//!
+//! Headroom of a tier on a pool = 1 − (observed latency quantile / SLA target), taking the
+//! worse of Sluice's own end-to-end latencies over a short window and vLLM's queue delay on
+//! that pool. Everything here is pure: outcomes and signals come in with their times.
+
+use super::tenant_policy::PolicyRules;
+use super::{Millis, PoolSignals, Tier};
+use std::collections::VecDeque;
+
+/// Knobs of the controller. The defaults are the shipped ones (`policy.adaptive.*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdaptiveTuning {
+    /// Outcomes older than this no longer count.
+    pub window_ms: Millis,
+    /// The latency quantile compared with each tier's target.
+    pub quantile: f64,
+    /// Completions a tier needs in the window before its own latency counts.
+    pub min_samples: usize,
+    /// Raise the level while the protected headroom is below this.
+    pub escalate_below: f64,
+    /// Lower it only while the headroom is at least this (the gap is the hysteresis band).
+    pub relax_above: f64,
+    /// Largest and smallest rise per sample, in ladder steps; the rise grows with the shortfall.
+    pub max_step_up: f64,
+    pub min_step_up: f64,
+    /// Fall per sample while relaxed (additive: recover slowly, shed fast).
+    pub step_down: f64,
+    /// No fall for this long after a rise: the outcomes of the new level need time to arrive.
+    pub hold_ms: Millis,
+    /// Hard rails on the pool's own signals: at or above them every non-Guaranteed tier is shed
+    /// at once, whatever the latencies say.
+    pub rail_pressure_at: Option<f64>,
+    pub rail_queue_depth_at: Option<f64>,
+}
+
+impl Default for AdaptiveTuning {
+    fn default() -> Self {
+        Self {
+            window_ms: 4000,
+            quantile: 0.9,
+            min_samples: 4,
+            escalate_below: 0.2,
+            relax_above: 0.35,
+            max_step_up: 1.0,
+            min_step_up: 0.25,
+            step_down: 0.1,
+            hold_ms: 2000,
+            rail_pressure_at: Some(99.0),
+            rail_queue_depth_at: Some(128.0),
+        }
+    }
+}
+
+/// What a ladder step does to its tier's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StepKind {
+    Cap,
+    Fallback,
+    Shed,
+}
+
+impl StepKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepKind::Cap => "cap",
+            StepKind::Fallback => "fallback",
+            StepKind::Shed => "shed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    pub tier: Tier,
+    pub kind: StepKind,
+}
+
+/// Higher is more important: Guaranteed 2, Standard 1, Best-Effort 0.
+fn rank(t: Tier) -> usize {
+    2 - t.index()
+}
+
+/// Lowest tier first.
+const BY_RANK: [Tier; 3] = [Tier::BestEffort, Tier::Standard, Tier::Guaranteed];
+
+/// The interventions of `rules`, cheapest first (see the module doc).
+pub fn ladder(rules: &PolicyRules) -> Vec<Step> {
+    let lower = || BY_RANK.into_iter().filter(|t| *t != Tier::Guaranteed);
+    let mut steps = Vec::new();
+    let step = |tier, kind| Step { tier, kind };
+    steps.extend(
+        lower()
+            .filter(|t| rules.tier(*t).max_tokens_cap.is_some())
+            .map(|t| step(t, StepKind::Cap)),
+    );
+    steps.extend(
+        lower()
+            .filter(|t| rules.tier(*t).fallback_eligible)
+            .map(|t| step(t, StepKind::Fallback)),
+    );
+    steps.extend(lower().map(|t| step(t, StepKind::Shed)));
+    let g = rules.tier(Tier::Guaranteed);
+    if g.max_tokens_cap.is_some() {
+        steps.push(step(Tier::Guaranteed, StepKind::Cap));
+    }
+    if g.fallback_eligible {
+        steps.push(step(Tier::Guaranteed, StepKind::Fallback));
+    }
+    steps
+}
+
+/// Where the level rests when a rail trips: every shed step fully applied.
+fn rail_level(steps: &[Step]) -> f64 {
+    steps
+        .iter()
+        .rposition(|s| s.kind == StepKind::Shed)
+        .map_or(0.0, |i| (i + 1) as f64)
+}
+
+/// One request's end as the controller sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    pub at: Millis,
+    pub tier: Tier,
+    /// End-to-end latency; `None` when Sluice refused the request (it still counts as traffic
+    /// of the tier on the pool, so a fully shed tier is not mistaken for an absent one).
+    pub latency_ms: Option<f64>,
+    /// The request failed (5xx, timeout): counted as a missed target.
+    pub failed: bool,
+}
+
+/// Why the level last moved, for `/status` and the decision trail.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Movement {
+    Hold,
+    /// Raised because `tier`'s headroom was `headroom`.
+    Up { tier: Tier, headroom: f64 },
+    /// Lowered: the protected headroom is back above `relax_above` (or unknown).
+    Down,
+    /// A hard rail tripped.
+    Rail(RailKind),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RailKind {
+    Pressure,
+    QueueDepth,
+}
+
+/// A pool's admission control as published to the request path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolControl {
+    pub level: f64,
+    pub steps: Vec<Step>,
+    /// Per tier (by [`Tier::index`]): headroom on this pool, when known.
+    pub headroom: [Option<f64>; 3],
+    /// The tier's observed latency quantile over the window, when it has enough completions.
+    pub latency_ms: [Option<f64>; 3],
+    /// vLLM's mean queue delay on this pool over the last sample, when exported.
+    pub delay_ms: Option<f64>,
+    pub rail: Option<RailKind>,
+    pub moved: Movement,
+    /// Some served tier is short of headroom: this pool should not take fallback traffic.
+    pub saturated: bool,
+}
+
+impl PoolControl {
+    pub fn idle(steps: Vec<Step>) -> Self {
+        PoolControl {
+            level: 0.0,
+            steps,
+            headroom: [None; 3],
+            latency_ms: [None; 3],
+            delay_ms: None,
+            rail: None,
+            moved: Movement::Hold,
+            saturated: false,
+        }
+    }
+
+    /// How much of step `i` applies (0–1).
+    fn fraction(&self, i: usize) -> f64 {
+        (self.level - i as f64).clamp(0.0, 1.0)
+    }
+
+    /// The share of `tier`'s requests each kind of step applies to at the current level.
+    pub fn shares(&self, tier: Tier) -> Shares {
+        let mut s = Shares::default();
+        for (i, step) in self.steps.iter().enumerate() {
+            if step.tier != tier {
+                continue;
+            }
+            let f = self.fraction(i);
+            match step.kind {
+                StepKind::Cap => s.cap = f,
+                StepKind::Fallback => s.fallback = f,
+                StepKind::Shed => s.shed = f,
+            }
+        }
+        s
+    }
+}
+
+/// Shares of one tier's requests that are capped, moved to the fallback, shed. A request with
+/// ticket `u` (uniform in [0, 1)) is shed if `u < shed`, else moved if `u < fallback`, else
+/// capped if `u < cap`: the steps nest, so a shed request would also have been moved and capped.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Shares {
+    pub cap: f64,
+    pub fallback: f64,
+    pub shed: f64,
+}
+
+/// The per-pool controller state carried from sample to sample.
+#[derive(Debug, Clone)]
+pub struct PoolController {
+    level: f64,
+    last_rise: Option<Millis>,
+    /// When the level last moved: only requests that started after it are evidence about the
+    /// level in force (older ones would push it up again for a load already shed).
+    last_change: Millis,
+    /// Per tier: (end, start, latency / target or None for a refusal).
+    recent: [VecDeque<(Millis, Millis, Option<f64>)>; 3],
+}
+
+/// Bound on remembered outcomes per tier, so a flood cannot grow memory or the per-sample sort.
+const RECENT_MAX: usize = 4096;
+
+impl Default for PoolController {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PoolController {
+    pub fn new() -> Self {
+        Self {
+            level: 0.0,
+            last_rise: None,
+            last_change: 0,
+            recent: Default::default(),
+        }
+    }
+
+    pub fn level(&self) -> f64 {
+        self.level
+    }
+
+    /// Feeds this sample's outcomes and signals; returns the control to publish.
+    pub fn observe(
+        &mut self,
+        rules: &PolicyRules,
+        tuning: &AdaptiveTuning,
+        signals: &PoolSignals,
+        outcomes: &[Outcome],
+        now: Millis,
+    ) -> PoolControl {
+        for o in outcomes {
+            let target = rules.tier(o.tier).sla_target_ms.max(1) as f64;
+            let ratio = match (o.latency_ms, o.failed) {
+                (_, true) => Some(f64::INFINITY),
+                (Some(l), false) => Some(l / target),
+                (None, false) => None,
+            };
+            let started = o.at.saturating_sub(o.latency_ms.unwrap_or(0.0) as Millis);
+            let q = &mut self.recent[o.tier.index()];
+            q.push_back((o.at, started, ratio));
+            if q.len() > RECENT_MAX {
+                q.pop_front();
+            }
+        }
+        let horizon = now.saturating_sub(tuning.window_ms);
+        for q in &mut self.recent {
+            while q.front().is_some_and(|(at, _, _)| *at < horizon) {
+                q.pop_front();
+            }
+        }
+
+        let steps = ladder(rules);
+        let delay_ms = signals
+            .queue_time_ms
+            .or(signals.ttft_ms)
+            .filter(|v| v.is_finite());
+        let mut latency_ms = [None; 3];
+        let mut headroom = [None; 3];
+        for tier in Tier::ALL {
+            let target = rules.tier(tier).sla_target_ms.max(1) as f64;
+            let q = &self.recent[tier.index()];
+            let mut served: Vec<f64> = q
+                .iter()
+                .filter(|(_, started, _)| *started >= self.last_change)
+                .filter_map(|(_, _, r)| *r)
+                .collect();
+            let observed = (served.len() >= tuning.min_samples.max(1)).then(|| {
+                served.sort_by(f64::total_cmp);
+                let idx = ((served.len() as f64 * tuning.quantile).ceil() as usize)
+                    .clamp(1, served.len())
+                    - 1;
+                served[idx]
+            });
+            latency_ms[tier.index()] = observed.map(|r| r * target);
+            // The queue delay only concerns a tier that sends traffic to this pool.
+            let delay = delay_ms.filter(|_| !q.is_empty()).map(|d| d / target);
+            headroom[tier.index()] = match (observed, delay) {
+                (None, None) => None,
+                (a, b) => Some(1.0 - a.unwrap_or(0.0).max(b.unwrap_or(0.0))),
+            }
+            .map(|h: f64| h.max(-10.0));
+        }
+        let recent = &self.recent;
+        let has_traffic = |t: Tier| !recent[t.index()].is_empty();
+        let protects = |i: usize, t: Tier| {
+            let s = steps[i];
+            match s.kind {
+                StepKind::Shed => rank(t) > rank(s.tier),
+                _ => rank(t) >= rank(s.tier),
+            }
+        };
+        // The protected headroom of step `i`: the worst known over the tiers the step protects.
+        let protected = |i: usize| -> Option<(Tier, f64)> {
+            Tier::ALL
+                .into_iter()
+                .filter(|t| protects(i, *t))
+                .filter_map(|t| headroom[t.index()].map(|h| (t, h)))
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+        };
+        // Step `i` may be relaxed when every protected tier present on the pool shows enough
+        // headroom since the last move (a tier without evidence yet holds the level).
+        let relaxable = |i: usize| {
+            Tier::ALL
+                .into_iter()
+                .filter(|t| protects(i, *t) && has_traffic(*t))
+                .all(|t| headroom[t.index()].is_some_and(|h| h >= tuning.relax_above))
+        };
+        let n = steps.len() as f64;
+        self.level = self.level.min(n);
+
+        let rail = match (signals.pressure, signals.queue_depth) {
+            (Some(p), _) if tuning.rail_pressure_at.is_some_and(|r| p >= r) => {
+                Some(RailKind::Pressure)
+            }
+            (_, Some(q)) if tuning.rail_queue_depth_at.is_some_and(|r| q >= r) => {
+                Some(RailKind::QueueDepth)
+            }
+            _ => None,
+        };
+        let mut moved = Movement::Hold;
+        if let Some(kind) = rail {
+            let floor = rail_level(&steps);
+            if self.level < floor {
+                self.level = floor;
+                self.last_rise = Some(now);
+                self.last_change = now;
+            }
+            moved = Movement::Rail(kind);
+        } else {
+            // Escalate into the first step (at or above the level) whose tier has traffic here.
+            let mut i = self.level.floor() as usize;
+            while i < steps.len() && !has_traffic(steps[i].tier) {
+                i += 1;
+            }
+            let short = (i < steps.len())
+                .then(|| protected(i))
+                .flatten()
+                .filter(|(_, h)| *h < tuning.escalate_below);
+            if let Some((tier, h)) = short {
+                let up = (2.0 * (tuning.escalate_below - h))
+                    .clamp(tuning.min_step_up, tuning.max_step_up);
+                self.level = (self.level.max(i as f64) + up).min(n);
+                self.last_rise = Some(now);
+                self.last_change = now;
+                moved = Movement::Up { tier, headroom: h };
+            } else if self.level > 0.0
+                && self
+                    .last_rise
+                    .is_none_or(|t| now.saturating_sub(t) >= tuning.hold_ms)
+            {
+                // Relax the highest step in force, skipping steps nobody on this pool takes.
+                let mut top = self.level.ceil() as usize;
+                while top > 0 && !has_traffic(steps[top - 1].tier) {
+                    top -= 1;
+                }
+                self.level = self.level.min(top as f64);
+                if self.level > 0.0 && (top == 0 || relaxable(top - 1)) {
+                    self.level = (self.level - tuning.step_down).max(0.0);
+                    self.last_change = now;
+                    moved = Movement::Down;
+                }
+            }
+        }
+        let saturated = Tier::ALL
+            .into_iter()
+            .filter_map(|t| headroom[t.index()])
+            .any(|h| h < tuning.escalate_below);
+        PoolControl {
+            level: self.level,
+            steps,
+            headroom,
+            latency_ms,
+            delay_ms,
+            rail,
+            moved,
+            saturated,
+        }
+    }
+}
+
+/// A request's ticket from its id (FNV-1a): a request keeps its place in its tier's shares
+/// however often the policy is asked, and ids spread evenly.
+pub fn ticket_of(request_id: &str) -> u64 {
+    request_id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A request's ticket as a uniform draw in [0, 1): the same ticket always gives the same draw.
+pub fn draw(ticket: u64) -> f64 {
+    // splitmix64's finaliser: consecutive tickets spread over the whole range.
+    let mut z = ticket.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(at: Millis, tier: Tier, latency_ms: f64) -> Outcome {
+        Outcome {
+            at,
+            tier,
+            latency_ms: Some(latency_ms),
+            failed: false,
+        }
+    }
+
+    fn batch(at: Millis, tier: Tier, latency_ms: f64, n: usize) -> Vec<Outcome> {
+        (0..n).map(|_| served(at, tier, latency_ms)).collect()
+    }
+
+    #[test]
+    fn the_shipped_ladder_caps_then_falls_back_then_sheds_lowest_first() {
+        let names: Vec<String> = ladder(&PolicyRules::default())
+            .iter()
+            .map(|s| format!("{} {}", s.tier, s.kind.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "Standard cap",
+                "Standard fallback",
+                "Best-Effort shed",
+                "Standard shed",
+                "Guaranteed cap"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_tier_is_not_shed_for_its_own_latency() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        // Best-Effort alone on the pool, every request twice its target.
+        for s in 1..=10 {
+            let ctl = c.observe(
+                &rules,
+                &t,
+                &PoolSignals::default(),
+                &batch(s * 1000, Tier::BestEffort, 1000.0, 10),
+                s * 1000,
+            );
+            assert_eq!(ctl.shares(Tier::BestEffort).shed, 0.0, "sample {s}");
+        }
+        assert!(c.observe(&rules, &t, &PoolSignals::default(), &[], 11_000).headroom[2]
+            .is_some_and(|h| h < 0.0));
+    }
+
+    #[test]
+    fn guaranteed_short_of_headroom_caps_standard_then_sheds_best_effort() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let mut ctl = None;
+        // 20 % over target: each sample rises 2 × (0.2 + 0.2) = 0.8 steps. Samples are 3 s
+        // apart so each batch started after the previous rise (older ones are no evidence).
+        for s in 1..=3 {
+            let at = s * 3000;
+            let mut o = batch(at, Tier::Guaranteed, 2400.0, 10);
+            o.extend(batch(at, Tier::Standard, 400.0, 10));
+            o.extend(batch(at, Tier::BestEffort, 300.0, 10));
+            ctl = Some(c.observe(&rules, &t, &PoolSignals::default(), &o, at));
+        }
+        let ctl = ctl.unwrap();
+        assert!(matches!(
+            ctl.moved,
+            Movement::Up {
+                tier: Tier::Guaranteed,
+                ..
+            }
+        ));
+        let st = ctl.shares(Tier::Standard);
+        assert_eq!((st.cap, st.fallback, st.shed), (1.0, 1.0, 0.0), "{ctl:?}");
+        assert!((ctl.shares(Tier::BestEffort).shed - 0.4).abs() < 1e-9, "{ctl:?}");
+        assert_eq!(ctl.shares(Tier::Guaranteed), Shares::default());
+    }
+
+    #[test]
+    fn recovery_is_slow_and_held_after_a_rise() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let none = PoolSignals::default();
+        let mixed = |at: Millis, g_ms: f64| {
+            let mut o = batch(at, Tier::Guaranteed, g_ms, 10);
+            o.extend(batch(at, Tier::Standard, 300.0, 10));
+            o
+        };
+        let mut c = PoolController::new();
+        c.observe(&rules, &t, &none, &mixed(1000, 3000.0), 1000);
+        let risen = c.level();
+        assert_eq!(risen, 1.0, "a deep shortfall rises a whole step");
+        // Fast, healthy answers once the old ones left the window: down by step_down.
+        let ctl = c.observe(&rules, &t, &none, &mixed(6000, 100.0), 6000);
+        assert_eq!(ctl.moved, Movement::Down);
+        assert!((c.level() - (risen - t.step_down)).abs() < 1e-9);
+        // Within hold_ms of a rise the level stays, even with good news.
+        let mut c2 = PoolController::new();
+        c2.observe(&rules, &t, &none, &mixed(1000, 3000.0), 1000);
+        let held = c2.observe(&rules, &t, &none, &[], 2000);
+        assert_eq!((held.moved, c2.level()), (Movement::Hold, 1.0));
+    }
+
+    #[test]
+    fn requests_started_before_a_rise_are_no_evidence_against_it() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let none = PoolSignals::default();
+        let mut c = PoolController::new();
+        let mut o = batch(1000, Tier::Guaranteed, 3000.0, 10);
+        o.extend(batch(1000, Tier::Standard, 300.0, 10));
+        c.observe(&rules, &t, &none, &o, 1000);
+        assert_eq!(c.level(), 1.0);
+        // Late answers of requests admitted before the rise: no second rise on them.
+        let late = batch(2500, Tier::Guaranteed, 2500.0, 10);
+        let ctl = c.observe(&rules, &t, &none, &late, 2500);
+        assert_eq!((ctl.moved, c.level()), (Movement::Hold, 1.0));
+        // Slow answers of requests admitted after it are evidence.
+        let fresh = batch(3500, Tier::Guaranteed, 2400.0, 10);
+        let ctl = c.observe(&rules, &t, &none, &fresh, 3500);
+        assert!(matches!(ctl.moved, Movement::Up { .. }), "{ctl:?}");
+    }
+
+    #[test]
+    fn the_queue_delay_counts_before_any_completion() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let arrived = [Outcome {
+            at: 1000,
+            tier: Tier::Guaranteed,
+            latency_ms: None,
+            failed: false,
+        }];
+        let sig = PoolSignals {
+            queue_time_ms: Some(1800.0),
+            ..Default::default()
+        };
+        let ctl = c.observe(&rules, &t, &sig, &arrived, 1000);
+        assert!((ctl.headroom[0].unwrap() - 0.1).abs() < 1e-9);
+        assert!(ctl.level > 0.0);
+    }
+
+    #[test]
+    fn a_rail_sheds_every_lower_tier_at_once_and_never_guaranteed() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let sig = PoolSignals {
+            pressure: Some(100.0),
+            ..Default::default()
+        };
+        let ctl = c.observe(&rules, &t, &sig, &[], 1000);
+        assert_eq!(ctl.rail, Some(RailKind::Pressure));
+        assert_eq!(ctl.shares(Tier::BestEffort).shed, 1.0);
+        assert_eq!(ctl.shares(Tier::Standard).shed, 1.0);
+        assert_eq!(ctl.shares(Tier::Guaranteed), Shares::default());
+    }
+
+    #[test]
+    fn steps_of_absent_tiers_are_skipped() {
+        // Spot serving only Best-Effort and Standard's fallback traffic: a Standard shortfall
+        // goes straight to shedding Best-Effort, past the steps of tiers that are not there.
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let mut o = batch(1000, Tier::Standard, 1500.0, 10);
+        o.extend(batch(1000, Tier::BestEffort, 200.0, 10));
+        let ctl = c.observe(&rules, &t, &PoolSignals::default(), &o, 1000);
+        // Standard has traffic, so its cap step is first.
+        assert!(ctl.shares(Tier::Standard).cap > 0.0);
+        let mut c = PoolController::new();
+        let g = batch(1000, Tier::Guaranteed, 3000.0, 10);
+        let ctl = c.observe(&rules, &t, &PoolSignals::default(), &g, 1000);
+        assert_eq!(
+            ctl.level, 5.0,
+            "only Guaranteed is here: its cap is the first step that applies"
+        );
+        assert_eq!(ctl.shares(Tier::Guaranteed).cap, 1.0);
+    }
+
+    #[test]
+    fn draws_are_uniform_and_deterministic() {
+        let n = 10_000;
+        let below = (0..n).filter(|i| draw(*i) < 0.3).count();
+        assert!((2800..3200).contains(&below), "{below}");
+        assert_eq!(draw(42), draw(42));
+    }
+}

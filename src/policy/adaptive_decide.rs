@@ -1,0 +1,222 @@
+//! Adaptive mode, per request: route first, so a tier is judged on the pool that serves it, then
+//! place the request within its tier's shares at that pool's admission level
+//! ([`super::adaptive`]). Routing stays a QoS choice: Best-Effort leaves spot only when spot is
+//! unhealthy or past its own eviction rail, and is then judged by on-demand's controller.
+
+use super::adaptive::{draw, PoolControl, RailKind, Shares};
+use super::tenant_policy::PolicyRules;
+use super::{
+    Action, Decision, Pool, PolicyState, PressureState, Reason, RequestFacts, TierState,
+};
+
+/// The state a tier shows in `/status`, gauges and decisions: Critical while part of it is
+/// shed, Elevated while part of it is capped or moved.
+fn shown_state(s: Shares) -> PressureState {
+    if s.shed > 0.0 {
+        PressureState::Critical
+    } else if s.cap > 0.0 || s.fallback > 0.0 {
+        PressureState::Elevated
+    } else {
+        PressureState::Normal
+    }
+}
+
+/// Each tier's state on its preferred pool.
+pub(super) fn tier_states(rules: &PolicyRules, pools: &[PoolControl; 2], tiers: &mut [TierState; 3]) {
+    for t in tiers.iter_mut() {
+        let pool = rules.tier(t.tier).preferred_pool.signal_index().unwrap_or(0);
+        t.state = shown_state(pools[pool].shares(t.tier));
+        t.fail_open = false;
+    }
+}
+
+pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFacts) -> Decision {
+    let tier = rules.tier(req.tier);
+    let (pool, route_reason) = match tier.preferred_pool {
+        Pool::Spot if !req.spot_healthy => (Pool::OnDemand, Reason::RouteSpotUnhealthy),
+        Pool::Spot if state.spot_state == PressureState::Critical => {
+            (Pool::OnDemand, Reason::RouteSpotPressure)
+        }
+        p => (p, Reason::RouteTierPool),
+    };
+    let ctl = &state.pools[pool.signal_index().unwrap_or(0)];
+    let shares = ctl.shares(req.tier);
+    let decision = |action, reason, pool, route_reason| Decision {
+        tier: req.tier,
+        state: shown_state(shares),
+        action,
+        reason,
+        pool,
+        route_reason,
+        queue_eligible: tier.queue_eligible,
+    };
+    if !req.shapeable {
+        return decision(Action::Pass, Reason::EndpointNotShapeable, pool, route_reason);
+    }
+    let u = draw(req.ticket);
+    if u < shares.shed {
+        let reason = match ctl.rail {
+            Some(RailKind::Pressure) => Reason::RailPressure,
+            Some(RailKind::QueueDepth) => Reason::RailQueueDepth,
+            None => Reason::ShedHeadroom,
+        };
+        return decision(Action::Reject, reason, pool, route_reason);
+    }
+    let cap = tier.max_tokens_cap.filter(|_| u < shares.cap);
+    // The fallback is other capacity only while the pool it runs on is not short itself.
+    let fallback_usable = req.fallback_available
+        && req
+            .fallback_pool
+            .and_then(Pool::signal_index)
+            .is_none_or(|i| !state.pools[i].saturated);
+    if u < shares.fallback && fallback_usable {
+        let action = Action::Fallback { max_tokens: cap };
+        return decision(
+            action,
+            Reason::FallbackHeadroom,
+            Pool::Fallback,
+            Reason::RouteFallback,
+        );
+    }
+    match cap {
+        Some(max_tokens) => decision(
+            Action::Degrade { max_tokens },
+            Reason::DegradeHeadroom,
+            pool,
+            route_reason,
+        ),
+        None => decision(
+            Action::Pass,
+            Reason::AdmittedWithinHeadroom,
+            pool,
+            route_reason,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::adaptive::Outcome;
+    use super::super::{PolicyEngine, PoolSignals, Tier};
+    use super::*;
+
+    fn facts(tier: Tier, ticket: u64) -> RequestFacts {
+        RequestFacts {
+            tier,
+            shapeable: true,
+            fallback_available: true,
+            spot_healthy: true,
+            fallback_pool: Some(Pool::Spot),
+            ticket,
+        }
+    }
+
+    fn served(at: u64, tier: Tier, latency_ms: f64, n: usize) -> Vec<Outcome> {
+        (0..n)
+            .map(|_| Outcome {
+                at,
+                tier,
+                latency_ms: Some(latency_ms),
+                failed: false,
+            })
+            .collect()
+    }
+
+    /// The complaint: on-demand hot, spot idle. Best-Effort runs on spot and keeps
+    /// being served; in thresholds mode the same state rejects it.
+    #[test]
+    fn best_effort_is_judged_on_spot_not_on_demand() {
+        let rules = PolicyRules::default();
+        let mut engine = PolicyEngine::new(rules.clone());
+        let hot = PoolSignals {
+            pressure: Some(75.0),
+            ..Default::default()
+        };
+        let idle = PoolSignals {
+            pressure: Some(10.0),
+            ..Default::default()
+        };
+        let mut od = served(1000, Tier::Guaranteed, 600.0, 10);
+        od.extend(served(1000, Tier::Standard, 500.0, 10));
+        let sp = served(1000, Tier::BestEffort, 300.0, 10);
+        let mut s = None;
+        for t in 1..=6 {
+            s = Some(engine.sample(&hot, &idle, [&od, &sp], t * 500));
+        }
+        let s = s.unwrap();
+        for ticket in 0..50 {
+            let d = decide(&s, &rules, &facts(Tier::BestEffort, ticket));
+            assert_eq!(
+                (d.action, d.reason, d.pool),
+                (Action::Pass, Reason::AdmittedWithinHeadroom, Pool::Spot)
+            );
+        }
+        let thresholds = PolicyRules {
+            mode: super::super::PolicyMode::Thresholds,
+            ..rules
+        };
+        let mut engine = PolicyEngine::new(thresholds.clone());
+        engine.observe(&hot, &idle, 1000);
+        let s = engine.observe(&hot, &idle, 2000);
+        let d = super::super::decide(&s, &thresholds, &facts(Tier::BestEffort, 0));
+        assert_eq!(d.action, Action::Reject);
+    }
+
+    #[test]
+    fn shares_pick_requests_by_ticket_and_nest() {
+        let rules = PolicyRules::default();
+        let mut engine = PolicyEngine::new(rules.clone());
+        // Guaranteed far over target on on-demand: the level climbs past Standard's cap and
+        // fallback steps; spot is idle, so the fallback is usable.
+        let sig = PoolSignals::default();
+        let mut s = None;
+        for t in 1..=2u64 {
+            let mut od = served(t * 3000, Tier::Guaranteed, 2300.0, 10);
+            od.extend(served(t * 3000, Tier::Standard, 500.0, 10));
+            s = Some(engine.sample(&sig, &sig, [&od, &[]], t * 3000));
+        }
+        let s = s.unwrap();
+        let shares = s.pools[0].shares(Tier::Standard);
+        assert!(shares.cap == 1.0 && shares.fallback > 0.0 && shares.fallback < 1.0);
+        let mut moved = 0;
+        for ticket in 0..1000 {
+            let d = decide(&s, &rules, &facts(Tier::Standard, ticket));
+            assert_eq!(d, decide(&s, &rules, &facts(Tier::Standard, ticket)));
+            match d.action {
+                Action::Fallback { max_tokens } => {
+                    assert_eq!(max_tokens, Some(256));
+                    assert_eq!(d.pool, Pool::Fallback);
+                    moved += 1;
+                }
+                Action::Degrade { max_tokens } => assert_eq!(max_tokens, 256),
+                other => panic!("{other:?}"),
+            }
+        }
+        let expected = shares.fallback * 1000.0;
+        assert!((moved as f64 - expected).abs() < 60.0, "{moved} vs {expected}");
+        // Guaranteed is untouched below its own step.
+        let g = decide(&s, &rules, &facts(Tier::Guaranteed, 7));
+        assert_eq!(g.action, Action::Pass);
+    }
+
+    #[test]
+    fn a_saturated_fallback_pool_takes_no_fallback_traffic() {
+        let rules = PolicyRules::default();
+        let mut engine = PolicyEngine::new(rules.clone());
+        let sig = PoolSignals::default();
+        let mut s = None;
+        for t in 1..=2u64 {
+            let mut od = served(t * 3000, Tier::Guaranteed, 2300.0, 10);
+            od.extend(served(t * 3000, Tier::Standard, 500.0, 10));
+            // Spot's own Best-Effort traffic is over target: spot is saturated.
+            let sp = served(t * 3000, Tier::BestEffort, 600.0, 10);
+            s = Some(engine.sample(&sig, &sig, [&od, &sp], t * 3000));
+        }
+        let s = s.unwrap();
+        assert!(s.pools[1].saturated);
+        for ticket in 0..200 {
+            let d = decide(&s, &rules, &facts(Tier::Standard, ticket));
+            assert_ne!(d.pool, Pool::Fallback);
+        }
+    }
+}
