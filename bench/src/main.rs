@@ -87,6 +87,10 @@ pub struct ScenarioArgs {
     /// it cannot be combined with `--results-md` (or `all`).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
+    /// Also write every run's raw records and samples here, one JSON file per run, for
+    /// looking at a run request by request.
+    #[arg(long)]
+    pub dump_runs: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]

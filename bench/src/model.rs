@@ -324,6 +324,19 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 };
                 let [o0, o1] = std::mem::take(&mut p.outcomes);
                 p.state = p.policy.sample(&signals, &spot, [&o0, &o1], now as u64);
+                if std::env::var_os("SLUICE_MODEL_TRACE").is_some() {
+                    let c = &p.state.pools[0];
+                    eprintln!(
+                        "t={:.1} L={:.2} delay={:?} h={:?} lat={:?} moved={:?} w={}",
+                        now / 1000.0,
+                        c.level,
+                        c.delay_ms.map(|d| d.round()),
+                        c.headroom.map(|h| h.map(|h| (h * 100.0).round() / 100.0)),
+                        c.latency_ms.map(|h| h.map(|h| h.round())),
+                        c.moved,
+                        od.waiting.len()
+                    );
+                }
             }
         }
         if now >= next_sample {

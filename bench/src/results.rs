@@ -82,6 +82,11 @@ pub async fn run_scenarios(
                 };
                 let sum = report::summarize(&run);
                 eprintln!("sluice-bench: {}", one_line(&sum));
+                if let Some(dir) = &scen.dump_runs {
+                    let path = dir.join(format!("{}-{}-{}.json", s.name, mode.as_str(), engine));
+                    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                    write(&path, &serde_json::to_string(&run).map_err(|e| e.to_string())?)?;
+                }
                 runs.push(run);
             }
         }
@@ -250,7 +255,7 @@ the simulator; they are a cross-check, the live rows are the result.\n";
 
 fn run_model(s: &Scenario, mode: Mode, arr: &[Arrival], sla: SlaSignal) -> Result<Run, String> {
     let dir = std::env::temp_dir();
-    let cfg = sluice_conf::for_mode(s, mode, &Addrs::placeholder(), &dir, sla);
+    let cfg = sluice_conf::for_mode(s, mode, &Addrs::placeholder_for(s), &dir, sla);
     let parsed = cfg
         .as_ref()
         .map(|c| sluice_conf::parse(c, &dir))

@@ -19,13 +19,22 @@ pub struct Addrs {
 }
 
 impl Addrs {
-    /// Placeholders for the model, which binds nothing.
+    /// Placeholders for the model, which binds nothing (one address for both pools when the
+    /// scenario shares one backend, as the live run does).
     pub fn placeholder() -> Self {
         Self {
             sluice: "127.0.0.1:1".into(),
             on_demand: "127.0.0.1:2".into(),
             spot: "127.0.0.1:3".into(),
         }
+    }
+
+    pub fn placeholder_for(s: &Scenario) -> Self {
+        let mut a = Self::placeholder();
+        if s.backends.shared {
+            a.spot = a.on_demand.clone();
+        }
+        a
     }
 }
 
@@ -114,6 +123,8 @@ pub fn for_mode(
         // A generation under overload can wait a long time for its first token; the benchmark
         // wants to see that latency, not a 504.
         "limits": {"upstream_read_timeout_ms": 120000},
+        // Phases 1 and 2 are the prototype's threshold policy (phase 2 with every signal).
+        "policy": {"mode": "thresholds"},
     });
     let mut knobs = s.sluice.clone();
     if mode == Mode::Phase1 {

@@ -5,7 +5,7 @@ use crate::policy::adaptive::AdaptiveTuning;
 use crate::policy::fallback::FallbackTuning;
 use crate::policy::pressure::{Threshold, Thresholds};
 use crate::policy::stability::StabilityTuning;
-use crate::policy::tenant_policy::{PolicyRules, TierRules};
+use crate::policy::tenant_policy::{FallbackCapacity, PolicyRules, TierRules};
 use crate::policy::{PolicyMode, Pool, Tier};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -721,6 +721,24 @@ pub(super) fn policy_rules(cfg: &Config) -> PolicyRules {
             pressure: Threshold::new(None, cfg.routing.spot_evict_pressure_at),
             queue_depth: Threshold::new(None, cfg.routing.spot_evict_queue_depth_at),
             sla_violation_rate: Threshold::default(),
+        },
+        fallback_capacity: match cfg.fallbacks.first() {
+            None => FallbackCapacity::None,
+            Some(f) => {
+                let addr = super::validate::backend_of_url(&f.url).unwrap_or_default();
+                if cfg.pools.on_demand.backends.contains(&addr) {
+                    FallbackCapacity::On(Pool::OnDemand)
+                } else if cfg.pools.spot.backends.contains(&addr) {
+                    FallbackCapacity::On(Pool::Spot)
+                } else {
+                    FallbackCapacity::Separate
+                }
+            }
+        },
+        spot_is_on_demand: {
+            let set = |b: &[String]| b.iter().cloned().collect::<std::collections::BTreeSet<_>>();
+            let spot = set(&cfg.pools.spot.backends);
+            !spot.is_empty() && spot == set(&cfg.pools.on_demand.backends)
         },
     }
 }

@@ -22,7 +22,7 @@
 //! that pool. Everything here is pure: outcomes and signals come in with their times.
 
 use super::tenant_policy::PolicyRules;
-use super::{Millis, PoolSignals, Tier};
+use super::{Millis, Pool, PoolSignals, Tier};
 use std::collections::VecDeque;
 
 /// Knobs of the controller. The defaults are the shipped ones (`policy.adaptive.*`).
@@ -57,13 +57,13 @@ impl Default for AdaptiveTuning {
             window_ms: 4000,
             quantile: 0.9,
             min_samples: 4,
-            escalate_below: 0.2,
-            relax_above: 0.35,
-            max_step_up: 1.0,
+            escalate_below: 0.25,
+            relax_above: 0.4,
+            max_step_up: 2.0,
             min_step_up: 0.25,
-            step_down: 0.1,
+            step_down: 0.25,
             hold_ms: 2000,
-            rail_pressure_at: Some(99.0),
+            rail_pressure_at: Some(100.0),
             rail_queue_depth_at: Some(128.0),
         }
     }
@@ -101,8 +101,10 @@ fn rank(t: Tier) -> usize {
 /// Lowest tier first.
 const BY_RANK: [Tier; 3] = [Tier::BestEffort, Tier::Standard, Tier::Guaranteed];
 
-/// The interventions of `rules`, cheapest first (see the module doc).
-pub fn ladder(rules: &PolicyRules) -> Vec<Step> {
+/// The interventions of `rules` on `pool`'s traffic, cheapest first (see the module doc). A
+/// fallback step is there only when the fallback runs on other capacity than `pool`'s.
+pub fn ladder(rules: &PolicyRules, pool: Pool) -> Vec<Step> {
+    let fallback = rules.fallback_relieves(pool);
     let lower = || BY_RANK.into_iter().filter(|t| *t != Tier::Guaranteed);
     let mut steps = Vec::new();
     let step = |tier, kind| Step { tier, kind };
@@ -113,7 +115,7 @@ pub fn ladder(rules: &PolicyRules) -> Vec<Step> {
     );
     steps.extend(
         lower()
-            .filter(|t| rules.tier(*t).fallback_eligible)
+            .filter(|t| fallback && rules.tier(*t).fallback_eligible)
             .map(|t| step(t, StepKind::Fallback)),
     );
     steps.extend(lower().map(|t| step(t, StepKind::Shed)));
@@ -121,7 +123,7 @@ pub fn ladder(rules: &PolicyRules) -> Vec<Step> {
     if g.max_tokens_cap.is_some() {
         steps.push(step(Tier::Guaranteed, StepKind::Cap));
     }
-    if g.fallback_eligible {
+    if fallback && g.fallback_eligible {
         steps.push(step(Tier::Guaranteed, StepKind::Fallback));
     }
     steps
@@ -234,8 +236,9 @@ pub struct Shares {
 pub struct PoolController {
     level: f64,
     last_rise: Option<Millis>,
-    /// When the level last moved: only requests that started after it are evidence about the
-    /// level in force (older ones would push it up again for a load already shed).
+    /// When the level last rose: only requests that started after it are evidence about the
+    /// level in force (older ones would push it up again for a load already shed). Falling
+    /// keeps the evidence: answers that were good at a stricter level stay good news.
     last_change: Millis,
     /// Per tier: (end, start, latency / target or None for a refusal).
     recent: [VecDeque<(Millis, Millis, Option<f64>)>; 3],
@@ -264,9 +267,10 @@ impl PoolController {
         self.level
     }
 
-    /// Feeds this sample's outcomes and signals; returns the control to publish.
+    /// Feeds this sample's outcomes and signals of `pool`; returns the control to publish.
     pub fn observe(
         &mut self,
+        pool: Pool,
         rules: &PolicyRules,
         tuning: &AdaptiveTuning,
         signals: &PoolSignals,
@@ -294,36 +298,52 @@ impl PoolController {
             }
         }
 
-        let steps = ladder(rules);
+        let steps = ladder(rules, pool);
         let delay_ms = signals
             .queue_time_ms
             .or(signals.ttft_ms)
             .filter(|v| v.is_finite());
+        // Two readings per tier. Rising looks only at requests that started after the last
+        // rise (older ones describe a load already shed); relaxing looks at the whole window,
+        // because just after a rise only the quick requests have finished, and their good news
+        // would undo the rise before the slow ones report.
         let mut latency_ms = [None; 3];
         let mut headroom = [None; 3];
+        let mut relax_headroom = [None; 3];
         for tier in Tier::ALL {
             let target = rules.tier(tier).sla_target_ms.max(1) as f64;
             let q = &self.recent[tier.index()];
-            let mut served: Vec<f64> = q
-                .iter()
-                .filter(|(_, started, _)| *started >= self.last_change)
-                .filter_map(|(_, _, r)| *r)
-                .collect();
-            let observed = (served.len() >= tuning.min_samples.max(1)).then(|| {
-                served.sort_by(f64::total_cmp);
-                let idx = ((served.len() as f64 * tuning.quantile).ceil() as usize)
-                    .clamp(1, served.len())
-                    - 1;
-                served[idx]
-            });
-            latency_ms[tier.index()] = observed.map(|r| r * target);
-            // The queue delay only concerns a tier that sends traffic to this pool.
+            let quantile = |since: Millis| {
+                let mut served: Vec<f64> = q
+                    .iter()
+                    .filter(|(_, started, _)| *started >= since)
+                    .filter_map(|(_, _, r)| *r)
+                    .collect();
+                (served.len() >= tuning.min_samples.max(1)).then(|| {
+                    served.sort_by(f64::total_cmp);
+                    let idx = ((served.len() as f64 * tuning.quantile).ceil() as usize)
+                        .clamp(1, served.len())
+                        - 1;
+                    served[idx]
+                })
+            };
+            // The queue delay only concerns a tier that sends traffic to this pool. Latencies
+            // that are arriving now were mostly queued before the current delay built up, so a
+            // new request is expected to see both: the observed quantile plus today's wait.
             let delay = delay_ms.filter(|_| !q.is_empty()).map(|d| d / target);
-            headroom[tier.index()] = match (observed, delay) {
+            let room = |observed: Option<f64>| match (observed, delay) {
                 (None, None) => None,
-                (a, b) => Some(1.0 - a.unwrap_or(0.0).max(b.unwrap_or(0.0))),
-            }
-            .map(|h: f64| h.max(-10.0));
+                (a, b) => Some((1.0 - a.unwrap_or(0.0) - b.unwrap_or(0.0)).max(-10.0)),
+            };
+            let whole = quantile(0);
+            // Until requests admitted after the rise report, the window's latency stands in for
+            // their service time, but only while vLLM still queues: then the contention that
+            // produced it is still there.
+            let queuing = delay_ms.is_some_and(|d| d > 0.0);
+            let fresh = quantile(self.last_change).or(whole.filter(|_| queuing));
+            latency_ms[tier.index()] = whole.map(|r| r * target);
+            headroom[tier.index()] = room(fresh);
+            relax_headroom[tier.index()] = room(whole);
         }
         let recent = &self.recent;
         let has_traffic = |t: Tier| !recent[t.index()].is_empty();
@@ -343,12 +363,12 @@ impl PoolController {
                 .min_by(|a, b| a.1.total_cmp(&b.1))
         };
         // Step `i` may be relaxed when every protected tier present on the pool shows enough
-        // headroom since the last move (a tier without evidence yet holds the level).
+        // headroom over the window (a tier without evidence yet holds the level).
         let relaxable = |i: usize| {
             Tier::ALL
                 .into_iter()
                 .filter(|t| protects(i, *t) && has_traffic(*t))
-                .all(|t| headroom[t.index()].is_some_and(|h| h >= tuning.relax_above))
+                .all(|t| relax_headroom[t.index()].is_some_and(|h| h >= tuning.relax_above))
         };
         let n = steps.len() as f64;
         self.level = self.level.min(n);
@@ -400,20 +420,26 @@ impl PoolController {
                 }
                 self.level = self.level.min(top as f64);
                 if self.level > 0.0 && (top == 0 || relaxable(top - 1)) {
-                    self.level = (self.level - tuning.step_down).max(0.0);
-                    self.last_change = now;
+                    // Ample headroom relaxes faster: up to 4× step_down at twice relax_above.
+                    let h = Tier::ALL
+                        .into_iter()
+                        .filter(|t| top > 0 && protects(top - 1, *t))
+                        .filter_map(|t| relax_headroom[t.index()])
+                        .fold(2.0 * tuning.relax_above, f64::min);
+                    let speed = (h / tuning.relax_above.max(0.05)).clamp(1.0, 4.0);
+                    self.level = (self.level - tuning.step_down * speed).max(0.0);
                     moved = Movement::Down;
                 }
             }
         }
         let saturated = Tier::ALL
             .into_iter()
-            .filter_map(|t| headroom[t.index()])
+            .filter_map(|t| relax_headroom[t.index()])
             .any(|h| h < tuning.escalate_below);
         PoolControl {
             level: self.level,
             steps,
-            headroom,
+            headroom: relax_headroom,
             latency_ms,
             delay_ms,
             rail,
@@ -460,7 +486,7 @@ mod tests {
 
     #[test]
     fn the_shipped_ladder_caps_then_falls_back_then_sheds_lowest_first() {
-        let names: Vec<String> = ladder(&PolicyRules::default())
+        let names: Vec<String> = ladder(&PolicyRules::default(), Pool::OnDemand)
             .iter()
             .map(|s| format!("{} {}", s.tier, s.kind.as_str()))
             .collect();
@@ -484,6 +510,7 @@ mod tests {
         // Best-Effort alone on the pool, every request twice its target.
         for s in 1..=10 {
             let ctl = c.observe(
+                Pool::OnDemand,
                 &rules,
                 &t,
                 &PoolSignals::default(),
@@ -492,7 +519,7 @@ mod tests {
             );
             assert_eq!(ctl.shares(Tier::BestEffort).shed, 0.0, "sample {s}");
         }
-        assert!(c.observe(&rules, &t, &PoolSignals::default(), &[], 11_000).headroom[2]
+        assert!(c.observe(Pool::OnDemand, &rules, &t, &PoolSignals::default(), &[], 11_000).headroom[2]
             .is_some_and(|h| h < 0.0));
     }
 
@@ -509,7 +536,7 @@ mod tests {
             let mut o = batch(at, Tier::Guaranteed, 2400.0, 10);
             o.extend(batch(at, Tier::Standard, 400.0, 10));
             o.extend(batch(at, Tier::BestEffort, 300.0, 10));
-            ctl = Some(c.observe(&rules, &t, &PoolSignals::default(), &o, at));
+            ctl = Some(c.observe(Pool::OnDemand, &rules, &t, &PoolSignals::default(), &o, at));
         }
         let ctl = ctl.unwrap();
         assert!(matches!(
@@ -536,17 +563,17 @@ mod tests {
             o
         };
         let mut c = PoolController::new();
-        c.observe(&rules, &t, &none, &mixed(1000, 3000.0), 1000);
+        c.observe(Pool::OnDemand, &rules, &t, &none, &mixed(1000, 3000.0), 1000);
         let risen = c.level();
         assert_eq!(risen, 1.0, "a deep shortfall rises a whole step");
         // Fast, healthy answers once the old ones left the window: down by step_down.
-        let ctl = c.observe(&rules, &t, &none, &mixed(6000, 100.0), 6000);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &none, &mixed(6000, 100.0), 6000);
         assert_eq!(ctl.moved, Movement::Down);
         assert!((c.level() - (risen - t.step_down)).abs() < 1e-9);
         // Within hold_ms of a rise the level stays, even with good news.
         let mut c2 = PoolController::new();
-        c2.observe(&rules, &t, &none, &mixed(1000, 3000.0), 1000);
-        let held = c2.observe(&rules, &t, &none, &[], 2000);
+        c2.observe(Pool::OnDemand, &rules, &t, &none, &mixed(1000, 3000.0), 1000);
+        let held = c2.observe(Pool::OnDemand, &rules, &t, &none, &[], 2000);
         assert_eq!((held.moved, c2.level()), (Movement::Hold, 1.0));
     }
 
@@ -558,15 +585,15 @@ mod tests {
         let mut c = PoolController::new();
         let mut o = batch(1000, Tier::Guaranteed, 3000.0, 10);
         o.extend(batch(1000, Tier::Standard, 300.0, 10));
-        c.observe(&rules, &t, &none, &o, 1000);
+        c.observe(Pool::OnDemand, &rules, &t, &none, &o, 1000);
         assert_eq!(c.level(), 1.0);
         // Late answers of requests admitted before the rise: no second rise on them.
         let late = batch(2500, Tier::Guaranteed, 2500.0, 10);
-        let ctl = c.observe(&rules, &t, &none, &late, 2500);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &none, &late, 2500);
         assert_eq!((ctl.moved, c.level()), (Movement::Hold, 1.0));
         // Slow answers of requests admitted after it are evidence.
         let fresh = batch(3500, Tier::Guaranteed, 2400.0, 10);
-        let ctl = c.observe(&rules, &t, &none, &fresh, 3500);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &none, &fresh, 3500);
         assert!(matches!(ctl.moved, Movement::Up { .. }), "{ctl:?}");
     }
 
@@ -585,7 +612,7 @@ mod tests {
             queue_time_ms: Some(1800.0),
             ..Default::default()
         };
-        let ctl = c.observe(&rules, &t, &sig, &arrived, 1000);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &sig, &arrived, 1000);
         assert!((ctl.headroom[0].unwrap() - 0.1).abs() < 1e-9);
         assert!(ctl.level > 0.0);
     }
@@ -599,7 +626,7 @@ mod tests {
             pressure: Some(100.0),
             ..Default::default()
         };
-        let ctl = c.observe(&rules, &t, &sig, &[], 1000);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &sig, &[], 1000);
         assert_eq!(ctl.rail, Some(RailKind::Pressure));
         assert_eq!(ctl.shares(Tier::BestEffort).shed, 1.0);
         assert_eq!(ctl.shares(Tier::Standard).shed, 1.0);
@@ -615,12 +642,12 @@ mod tests {
         let mut c = PoolController::new();
         let mut o = batch(1000, Tier::Standard, 1500.0, 10);
         o.extend(batch(1000, Tier::BestEffort, 200.0, 10));
-        let ctl = c.observe(&rules, &t, &PoolSignals::default(), &o, 1000);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &PoolSignals::default(), &o, 1000);
         // Standard has traffic, so its cap step is first.
         assert!(ctl.shares(Tier::Standard).cap > 0.0);
         let mut c = PoolController::new();
         let g = batch(1000, Tier::Guaranteed, 3000.0, 10);
-        let ctl = c.observe(&rules, &t, &PoolSignals::default(), &g, 1000);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &PoolSignals::default(), &g, 1000);
         assert_eq!(
             ctl.level, 5.0,
             "only Guaranteed is here: its cap is the first step that applies"

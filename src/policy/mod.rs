@@ -88,10 +88,16 @@ impl PolicyEngine {
         now: Millis,
     ) -> PolicyState {
         let (rules, [od, sp]) = (&self.rules, &mut self.controllers);
-        let pools = [
-            od.observe(rules, &rules.adaptive, signals, outcomes[0], now),
-            sp.observe(rules, &rules.adaptive, spot, outcomes[1], now),
-        ];
+        let pools = if rules.spot_is_on_demand {
+            let both: Vec<Outcome> = outcomes.concat();
+            let one = od.observe(Pool::OnDemand, rules, &rules.adaptive, signals, &both, now);
+            [one.clone(), one]
+        } else {
+            [
+                od.observe(Pool::OnDemand, rules, &rules.adaptive, signals, outcomes[0], now),
+                sp.observe(Pool::Spot, rules, &rules.adaptive, spot, outcomes[1], now),
+            ]
+        };
         let mut state = self.threshold_state(signals, spot, now);
         if self.rules.mode == PolicyMode::Adaptive {
             adaptive_decide::tier_states(&self.rules, &pools, &mut state.tiers);

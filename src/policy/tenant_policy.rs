@@ -34,6 +34,37 @@ pub struct PolicyRules {
     pub fallback: FallbackTuning,
     /// Thresholds on the spot pool's own signals; Critical evicts Best-Effort to on-demand.
     pub spot_eviction: Thresholds,
+    /// Spot lists the same backends as on-demand: one capacity, so adaptive mode governs both
+    /// pools with on-demand's controller (a tier on "spot" is then shed for a tier above it).
+    pub spot_is_on_demand: bool,
+    /// Where the fallback model runs: adaptive mode only moves a pool's traffic to it when it
+    /// is other capacity than the pool's own.
+    pub fallback_capacity: FallbackCapacity,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackCapacity {
+    /// No fallback configured.
+    None,
+    /// Backends of its own.
+    Separate,
+    /// A backend of this pool.
+    On(Pool),
+}
+
+impl PolicyRules {
+    /// Moving pool `pool`'s traffic to the fallback sheds load from it (adaptive mode).
+    pub fn fallback_relieves(&self, pool: Pool) -> bool {
+        let same = |p: Pool| {
+            p == pool
+                || (self.spot_is_on_demand && matches!(p, Pool::OnDemand | Pool::Spot))
+        };
+        match self.fallback_capacity {
+            FallbackCapacity::None => false,
+            FallbackCapacity::Separate => true,
+            FallbackCapacity::On(p) => !same(p),
+        }
+    }
 }
 
 impl PolicyRules {
@@ -96,6 +127,8 @@ impl Default for PolicyRules {
                 queue_depth: Threshold::new(None, Some(32.0)),
                 sla_violation_rate: Threshold::default(),
             },
+            spot_is_on_demand: false,
+            fallback_capacity: FallbackCapacity::Separate,
         }
     }
 }

@@ -31,23 +31,29 @@ impl Histogram {
         (dc > 0.0 && ds >= 0.0).then(|| 1000.0 * ds / dc)
     }
 
-    /// vLLM's queue delay over an interval of `interval_ms` ending now: the mean wait of the
-    /// requests that left the queue, and when none did while `waiting` requests sat in it, the
-    /// whole interval (the head has waited at least that long; "unknown" would hide a stall).
+    /// The wait a request joining vLLM's queue now can expect, from two readings of the
+    /// queue-time histogram `interval_ms` apart and the current `waiting` count: the larger of
+    /// the mean wait of those who left the queue (what was) and, by Little's law, the waiting
+    /// requests over the rate at which the queue is served (what a newcomer meets). A queue
+    /// nobody left while requests sat in it has waited at least the interval.
     pub fn interval_delay_ms(
         &self,
         earlier: &Histogram,
         waiting: f64,
         interval_ms: f64,
     ) -> Option<f64> {
-        if self.count < earlier.count {
+        if self.count < earlier.count || self.sum < earlier.sum {
             return None;
         }
-        Some(self.mean_ms_since(earlier).unwrap_or(if waiting > 0.0 {
-            interval_ms
-        } else {
+        let served = self.count - earlier.count;
+        let ahead = if waiting <= 0.0 {
             0.0
-        }))
+        } else if served > 0.0 {
+            waiting * interval_ms / served
+        } else {
+            interval_ms
+        };
+        Some(self.mean_ms_since(earlier).unwrap_or(0.0).max(ahead))
     }
 
     pub fn add(a: Option<Histogram>, b: Option<Histogram>) -> Option<Histogram> {
@@ -160,6 +166,12 @@ vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 9.0\n";
         assert_eq!(later.mean_ms_since(&q), Some(500.0));
         assert_eq!(q.mean_ms_since(&q), None, "nothing observed");
         assert_eq!(q.mean_ms_since(&later), None, "counter reset");
+        // 2 left the queue in 1 s with a mean wait of 500 ms; 6 still wait: a newcomer meets
+        // 6 / (2 per s) = 3 s.
+        assert_eq!(later.interval_delay_ms(&q, 6.0, 1000.0), Some(3000.0));
+        assert_eq!(later.interval_delay_ms(&q, 0.0, 1000.0), Some(500.0));
+        assert_eq!(q.interval_delay_ms(&q, 2.0, 1000.0), Some(1000.0), "a stalled queue");
+        assert_eq!(q.interval_delay_ms(&later, 0.0, 1000.0), None, "counter reset");
     }
 
     #[test]
