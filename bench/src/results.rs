@@ -167,6 +167,7 @@ fn load_with_overrides(
             s.sluice = serde_json::json!({});
         }
         sluice_conf::merge(&mut s.sluice, o);
+        s.explore = o.clone();
     }
     Ok(s)
 }
@@ -198,6 +199,7 @@ fn seed_spread(
         }
         let mut per_tier: Vec<Vec<f64>> = vec![Vec::new(); 3];
         let mut good: Vec<f64> = Vec::new();
+        let mut total: Vec<f64> = Vec::new();
         for k in 0..seeds {
             let mut s = base.clone();
             s.seed = base.seed + k;
@@ -215,6 +217,7 @@ fn seed_spread(
                     good.push(t.goodput_rps);
                 }
             }
+            total.push(sum.all.goodput_rps);
         }
         let mut line = format!("  {:<8}", mode.as_str());
         for t in Tier::ALL {
@@ -228,8 +231,13 @@ fn seed_spread(
                 .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
             let _ = write!(line, "  {} {mean:5.1} [{lo:.1}–{hi:.1}]", t.as_str());
         }
-        let g = good.iter().sum::<f64>() / good.len().max(1) as f64;
-        let _ = writeln!(line, "  Guaranteed goodput {g:.2} req/s");
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let _ = writeln!(
+            line,
+            "  goodput: Guaranteed {:.2}, all {:.2} req/s",
+            mean(&good),
+            mean(&total)
+        );
         out.push_str(&line);
     }
     Ok(out)

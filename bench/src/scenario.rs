@@ -69,6 +69,10 @@ pub struct Scenario {
     /// contradict "pressure signal only"). These are the benchmark's tuned knobs, reported.
     #[serde(default)]
     pub sluice: serde_json::Value,
+    /// `--sluice-override`, which also reaches the `adaptive` mode's shipped config (the
+    /// scenario's own knobs never do): for exploring a setting, never for a result.
+    #[serde(skip)]
+    pub explore: serde_json::Value,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

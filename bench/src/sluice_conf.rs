@@ -214,6 +214,9 @@ fn shipped(s: &Scenario, addrs: &Addrs, dir: &Path, sla: SlaSignal) -> Value {
                                "spool_dir": dir.join("spool").display().to_string()}}),
         );
     }
+    if !s.explore.is_null() {
+        merge(&mut cfg, &s.explore);
+    }
     cfg
 }
 

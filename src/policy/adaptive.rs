@@ -244,6 +244,9 @@ pub struct PoolController {
     recent: [VecDeque<(Millis, Millis, Option<f64>)>; 3],
 }
 
+/// Headroom under which a pool takes no fallback traffic.
+const SATURATED_BELOW: f64 = 0.1;
+
 /// Bound on remembered outcomes per tier, so a flood cannot grow memory or the per-sample sort.
 const RECENT_MAX: usize = 4096;
 
@@ -310,6 +313,7 @@ impl PoolController {
         let mut latency_ms = [None; 3];
         let mut headroom = [None; 3];
         let mut relax_headroom = [None; 3];
+        let mut fresh_headroom = [None; 3];
         for tier in Tier::ALL {
             let target = rules.tier(tier).sla_target_ms.max(1) as f64;
             let q = &self.recent[tier.index()];
@@ -344,6 +348,7 @@ impl PoolController {
             latency_ms[tier.index()] = whole.map(|r| r * target);
             headroom[tier.index()] = room(fresh);
             relax_headroom[tier.index()] = room(whole);
+            fresh_headroom[tier.index()] = room(quantile(self.last_change));
         }
         let recent = &self.recent;
         let has_traffic = |t: Tier| !recent[t.index()].is_empty();
@@ -364,11 +369,17 @@ impl PoolController {
         };
         // Step `i` may be relaxed when every protected tier present on the pool shows enough
         // headroom over the window (a tier without evidence yet holds the level).
+        // Once vLLM queues nothing, the requests admitted since the rise speak for themselves:
+        // the window's older answers describe a contention that is gone.
+        let idle = delay_ms == Some(0.0) && signals.queue_depth.is_none_or(|w| w <= 0.0);
         let relaxable = |i: usize| {
-            Tier::ALL
-                .into_iter()
-                .filter(|t| protects(i, *t) && has_traffic(*t))
-                .all(|t| relax_headroom[t.index()].is_some_and(|h| h >= tuning.relax_above))
+            let enough = |readings: &[Option<f64>; 3]| {
+                Tier::ALL
+                    .into_iter()
+                    .filter(|t| protects(i, *t) && has_traffic(*t))
+                    .all(|t| readings[t.index()].is_some_and(|h| h >= tuning.relax_above))
+            };
+            enough(&relax_headroom) || (idle && enough(&fresh_headroom))
         };
         let n = steps.len() as f64;
         self.level = self.level.min(n);
@@ -432,10 +443,13 @@ impl PoolController {
                 }
             }
         }
+        // A pool is too full to take fallback traffic once a tier it serves is close to its
+        // target (a tenth of it left), not merely below the escalation margin: the fallback is
+        // worth some of the lowest tier's slack.
         let saturated = Tier::ALL
             .into_iter()
             .filter_map(|t| relax_headroom[t.index()])
-            .any(|h| h < tuning.escalate_below);
+            .any(|h| h < SATURATED_BELOW);
         PoolControl {
             level: self.level,
             steps,
