@@ -3,7 +3,9 @@
 use super::query_param;
 use crate::decisions::RecentFilter;
 use crate::policy::pressure::{Threshold, Thresholds};
-use crate::policy::{PolicyState, SignalKind, Tier};
+use crate::policy::adaptive::{Movement, RailKind};
+use crate::policy::tenant_policy::PolicyRules;
+use crate::policy::{PolicyMode, PolicyState, Pool, SignalKind, Tier};
 use crate::proxy::App;
 use crate::signals::hub::SignalPool;
 use serde_json::{json, Value};
@@ -67,7 +69,9 @@ pub fn status(app: &App) -> Value {
         "replica": app.replica,
         "uptime_seconds": app.started.elapsed().as_secs(),
         "coordinator": app.admission.kind(),
+        "policy_mode": rules.mode.as_str(),
         "policy_sampled_ms_ago": now.saturating_sub(state.at),
+        "admission_control": admission_control(&state, &rules),
         "signals": signals,
         "tiers": tiers,
         "spot_state": state.spot_state.as_str(),
@@ -86,6 +90,66 @@ pub fn status(app: &App) -> Value {
             .into_iter()
             .map(|(name, up)| (name.to_string(), json!(up)))
             .collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+/// Adaptive mode, per pool: the level, what each step does and how much of it applies, each
+/// tier's headroom and latency, and why the level last moved.
+fn admission_control(state: &PolicyState, rules: &PolicyRules) -> Value {
+    let pools: serde_json::Map<String, Value> = [Pool::OnDemand, Pool::Spot]
+        .into_iter()
+        .zip(&state.pools)
+        .map(|(pool, c)| {
+            let steps: Vec<Value> = c
+                .steps
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    json!({"tier": s.tier.as_str(), "action": s.kind.as_str(),
+                           "applies_to": (c.level - i as f64).clamp(0.0, 1.0)})
+                })
+                .collect();
+            let tiers: serde_json::Map<String, Value> = Tier::ALL
+                .into_iter()
+                .map(|t| {
+                    let sh = c.shares(t);
+                    let v = json!({
+                        "headroom": c.headroom[t.index()],
+                        "latency_p_ms": c.latency_ms[t.index()],
+                        "sla_target_ms": rules.tier(t).sla_target_ms,
+                        "capped": sh.cap, "fallback": sh.fallback, "shed": sh.shed,
+                    });
+                    (t.as_str().to_string(), v)
+                })
+                .collect();
+            let moved = match c.moved {
+                Movement::Hold => json!({"direction": "hold"}),
+                Movement::Down => json!({"direction": "down",
+                    "why": "every protected tier has headroom above relax_above"}),
+                Movement::Up { tier, headroom } => json!({"direction": "up",
+                    "why": format!("{} headroom {headroom:.2} below escalate_below", tier.as_str()),
+                    "tier": tier.as_str(), "headroom": headroom}),
+                Movement::Rail(kind) => json!({"direction": "rail", "why": match kind {
+                    RailKind::Pressure => "KV-cache usage at rail_pressure_at",
+                    RailKind::QueueDepth => "vLLM waiting queue at rail_queue_depth_at",
+                }}),
+            };
+            let v = json!({
+                "level": c.level,
+                "max_level": c.steps.len(),
+                "steps": steps,
+                "tiers": tiers,
+                "vllm_queue_delay_ms": c.delay_ms,
+                "moved": moved,
+                "saturated": c.saturated,
+            });
+            (pool.as_str().to_string(), v)
+        })
+        .collect();
+    json!({
+        "enabled": rules.mode == PolicyMode::Adaptive,
+        "shared_capacity": rules.spot_is_on_demand,
+        "pools": pools,
     })
 }
 
@@ -234,6 +298,20 @@ pub fn refresh_gauges(app: &App) {
     m.fallback_active
         .set(i64::from(fallback_routing(app, &state)));
     m.spot_state.set(state.spot_state.level());
+    for (pool, c) in [Pool::OnDemand, Pool::Spot].into_iter().zip(&state.pools) {
+        m.admission_level
+            .with_label_values(&[pool.as_str()])
+            .set(c.level);
+        for t in Tier::ALL {
+            let labels = [pool.as_str(), t.as_str()];
+            match c.headroom[t.index()] {
+                Some(h) => m.tier_headroom.with_label_values(&labels).set(h),
+                None => {
+                    let _ = m.tier_headroom.remove_label_values(&labels);
+                }
+            }
+        }
+    }
     for t in Tier::ALL {
         let r = rules.tier(t);
         m.sla_target

@@ -498,6 +498,19 @@ mod tests {
         (0..n).map(|_| served(at, tier, latency_ms)).collect()
     }
 
+    /// Round numbers, so each test can state its arithmetic; the shipped defaults are checked
+    /// end to end by the benchmarks.
+    fn tuning() -> AdaptiveTuning {
+        AdaptiveTuning {
+            escalate_below: 0.2,
+            relax_above: 0.35,
+            max_step_up: 1.0,
+            min_step_up: 0.25,
+            step_down: 0.1,
+            ..AdaptiveTuning::default()
+        }
+    }
+
     #[test]
     fn the_shipped_ladder_caps_then_falls_back_then_sheds_lowest_first() {
         let names: Vec<String> = ladder(&PolicyRules::default(), Pool::OnDemand)
@@ -519,7 +532,7 @@ mod tests {
     #[test]
     fn a_tier_is_not_shed_for_its_own_latency() {
         let rules = PolicyRules::default();
-        let t = AdaptiveTuning::default();
+        let t = tuning();
         let mut c = PoolController::new();
         // Best-Effort alone on the pool, every request twice its target.
         for s in 1..=10 {
@@ -540,7 +553,7 @@ mod tests {
     #[test]
     fn guaranteed_short_of_headroom_caps_standard_then_sheds_best_effort() {
         let rules = PolicyRules::default();
-        let t = AdaptiveTuning::default();
+        let t = tuning();
         let mut c = PoolController::new();
         let mut ctl = None;
         // 20 % over target: each sample rises 2 × (0.2 + 0.2) = 0.8 steps. Samples are 3 s
@@ -569,7 +582,7 @@ mod tests {
     #[test]
     fn recovery_is_slow_and_held_after_a_rise() {
         let rules = PolicyRules::default();
-        let t = AdaptiveTuning::default();
+        let t = tuning();
         let none = PoolSignals::default();
         let mixed = |at: Millis, g_ms: f64| {
             let mut o = batch(at, Tier::Guaranteed, g_ms, 10);
@@ -580,10 +593,12 @@ mod tests {
         c.observe(Pool::OnDemand, &rules, &t, &none, &mixed(1000, 3000.0), 1000);
         let risen = c.level();
         assert_eq!(risen, 1.0, "a deep shortfall rises a whole step");
-        // Fast, healthy answers once the old ones left the window: down by step_down.
+        // Fast, healthy answers once the old ones left the window: down by step_down, faster
+        // with ample headroom (at most 4×).
         let ctl = c.observe(Pool::OnDemand, &rules, &t, &none, &mixed(6000, 100.0), 6000);
         assert_eq!(ctl.moved, Movement::Down);
-        assert!((c.level() - (risen - t.step_down)).abs() < 1e-9);
+        let fell = risen - c.level();
+        assert!(fell >= t.step_down && fell <= 4.0 * t.step_down, "{fell}");
         // Within hold_ms of a rise the level stays, even with good news.
         let mut c2 = PoolController::new();
         c2.observe(Pool::OnDemand, &rules, &t, &none, &mixed(1000, 3000.0), 1000);
@@ -594,7 +609,7 @@ mod tests {
     #[test]
     fn requests_started_before_a_rise_are_no_evidence_against_it() {
         let rules = PolicyRules::default();
-        let t = AdaptiveTuning::default();
+        let t = tuning();
         let none = PoolSignals::default();
         let mut c = PoolController::new();
         let mut o = batch(1000, Tier::Guaranteed, 3000.0, 10);
@@ -614,7 +629,7 @@ mod tests {
     #[test]
     fn the_queue_delay_counts_before_any_completion() {
         let rules = PolicyRules::default();
-        let t = AdaptiveTuning::default();
+        let t = tuning();
         let mut c = PoolController::new();
         let arrived = [Outcome {
             at: 1000,
@@ -634,7 +649,7 @@ mod tests {
     #[test]
     fn a_rail_sheds_every_lower_tier_at_once_and_never_guaranteed() {
         let rules = PolicyRules::default();
-        let t = AdaptiveTuning::default();
+        let t = tuning();
         let mut c = PoolController::new();
         let sig = PoolSignals {
             pressure: Some(100.0),
@@ -652,7 +667,7 @@ mod tests {
         // Spot serving only Best-Effort and Standard's fallback traffic: a Standard shortfall
         // goes straight to shedding Best-Effort, past the steps of tiers that are not there.
         let rules = PolicyRules::default();
-        let t = AdaptiveTuning::default();
+        let t = tuning();
         let mut c = PoolController::new();
         let mut o = batch(1000, Tier::Standard, 1500.0, 10);
         o.extend(batch(1000, Tier::BestEffort, 200.0, 10));

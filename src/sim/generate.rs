@@ -111,6 +111,12 @@ impl Drop for Progress<'_> {
     }
 }
 
+/// The request leaves the waiting queue: vLLM's queue-time histogram observes it here.
+fn scheduled(sim: &Sim, job: &Job) {
+    sim.metrics
+        .scheduled(job.engine, job.arrived.elapsed().as_secs_f64());
+}
+
 fn ttft(sim: &Sim, spec: &RequestSpec) -> Duration {
     sim.engine.ttft(spec.prompt_tokens) + ms_to_duration(sim.admin.get().extra_ms)
 }
@@ -118,6 +124,7 @@ fn ttft(sim: &Sim, spec: &RequestSpec) -> Duration {
 /// Runs a non-streamed request to the end; dropping the future releases its KV.
 pub(crate) async fn complete(sim: &Sim, job: &Job) -> Result<(), TooLarge> {
     let _permit = sim.engine.admit(job.spec.kv_need()).await?;
+    scheduled(sim, job);
     let mut progress = Progress::new(sim, job);
     tokio::time::sleep(ttft(sim, &job.spec)).await;
     progress.first_token();
@@ -149,6 +156,7 @@ pub(crate) async fn stream(sim: Arc<Sim>, job: Job, frames: SseFrames, tx: mpsc:
         () = tx.closed() => return,
     };
     let Ok(_permit) = admitted else { return };
+    scheduled(&sim, &job);
     let mut progress = Progress::new(&sim, &job);
     if !sleep_or_closed(&tx, Instant::now() + ttft(&sim, &job.spec)).await {
         return;

@@ -83,6 +83,8 @@ struct EngineCounters {
     success: [u64; 3],
     ttft: Histogram,
     e2e: Histogram,
+    /// Waiting-queue time, observed when a request is scheduled (as vLLM does).
+    queue_time: Histogram,
 }
 
 impl EngineCounters {
@@ -93,6 +95,7 @@ impl EngineCounters {
             success: [0; 3],
             ttft: Histogram::new(TTFT_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            queue_time: Histogram::new(E2E_BUCKETS),
         }
     }
 }
@@ -122,6 +125,11 @@ impl Metrics {
         if let Some(e) = all.get_mut(engine % n.max(1)) {
             f(e);
         }
+    }
+
+    /// A request left the waiting queue after `wait_secs`.
+    pub(crate) fn scheduled(&self, engine: usize, wait_secs: f64) {
+        self.with(engine, |e| e.queue_time.observe(wait_secs));
     }
 
     pub(crate) fn first_token(&self, engine: usize, prompt_tokens: u64, ttft_secs: f64) {
@@ -238,6 +246,16 @@ impl Metrics {
         );
         for (i, e) in engines.iter().enumerate() {
             histogram(&mut out, name, &labels(i), &e.ttft);
+        }
+        let name = "vllm:request_queue_time_seconds";
+        header(
+            &mut out,
+            name,
+            "Histogram of time spent in WAITING phase for request.",
+            "histogram",
+        );
+        for (i, e) in engines.iter().enumerate() {
+            histogram(&mut out, name, &labels(i), &e.queue_time);
         }
         let name = "vllm:e2e_request_latency_seconds";
         header(

@@ -118,6 +118,8 @@ pub async fn sim(models: &str, extra: &[&str]) -> Proc {
 }
 
 /// A test config: fast sampling and health checks so state changes take a fraction of a second.
+/// It runs the prototype's `thresholds` policy, whose behaviours these tests pin; adaptive-mode
+/// tests switch `policy.mode` back.
 pub fn config(on_demand: &[&str], spot: &[&str]) -> Value {
     let hc = json!({"path": "/health", "interval_ms": 100, "timeout_ms": 500, "consecutive_success": 1, "consecutive_failure": 1});
     json!({
@@ -131,6 +133,7 @@ pub fn config(on_demand: &[&str], spot: &[&str]) -> Value {
         "signals": {"scrape_interval_ms": 100, "scrape_timeout_ms": 300, "stale_after_ms": 2000},
         "stability": {"consecutive_samples": 2, "cooldown_seconds": 0.2},
         "fallback": {"sustained_intervals": 3, "cooldown_seconds": 0.2},
+        "policy": {"mode": "thresholds"},
     })
 }
 
