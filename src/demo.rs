@@ -63,22 +63,50 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         format!("/tmp/sluice_demo_{}.sock", std::process::id()).into(),
     );
 
+    let adaptive = cfg.policy_rules().mode == crate::policy::PolicyMode::Adaptive;
     let (server, _app) = server::build(cfg, ServerFlags::default(), None)?;
-    print_walkthrough(&args.listen, &on_demand.to_string(), &spot.to_string());
+    print_walkthrough(
+        &args.listen,
+        &on_demand.to_string(),
+        &spot.to_string(),
+        adaptive,
+    );
     std::mem::forget(rt); // the simulators live as long as the process
     server.run_forever()
 }
 
-fn print_walkthrough(listen: &str, on_demand: &str, spot: &str) {
+fn print_walkthrough(listen: &str, on_demand: &str, spot: &str, adaptive: bool) {
     let url = format!("http://{listen}");
     println!(
         r#"
-Sluice demo
+Sluice demo ({mode} policy)
   proxy      {url}
   on-demand  http://{on_demand}  (vLLM simulator, models: {ON_DEMAND_MODELS})
   spot       http://{spot}  (vLLM simulator, models: {SPOT_MODELS}; also the fallback backend)
-
-Try:
+"#,
+        mode = if adaptive { "adaptive" } else { "thresholds" }
+    );
+    if adaptive {
+        println!(
+            r#"Try (README "Walk-through" explains each step):
+  chat() {{ curl -s -o /dev/null -w '%{{http_code}} %header{{x-sluice-decision}} %header{{x-sluice-reason}} %header{{x-sluice-pool}}\n' \
+       {url}/v1/chat/completions -H "X-Tenant-ID: $1" -H 'content-type: application/json' \
+       -d '{{"model":"llama-3-70b","messages":[{{"role":"user","content":"hello"}}],"max_tokens":400}}'; }}
+  chat batch-analytics                                        # 200 pass, spot
+  curl -s -X PUT {url}/admin/pressure -d '{{"value":75}}'       # on-demand KV 75 %: nobody is shed for it
+  chat batch-analytics; chat coding-assistant                 # still 200 admitted_slo_headroom
+  curl -s -X PUT http://{on_demand}/admin/latency -d '{{"extra_ms":1800}}'   # on-demand turns slow
+  for i in 1 2 3 4 5 6; do chat support-bot & done; wait      # Guaranteed runs out of headroom
+  chat coding-assistant                                       # degrade_slo_headroom (or fallback_slo_headroom)
+  curl -s {url}/status | grep -o '"admission_control".*' | head -c 600
+  curl -s -X PUT http://{on_demand}/admin/latency -d '{{"extra_ms":0}}'; curl -s -X DELETE {url}/admin/pressure
+  (SLUICE_POLICY_MODE=thresholds runs the prototype's threshold walk-through instead.)
+"#
+        );
+        return;
+    }
+    println!(
+        r#"Try:
   curl -s {url}/v1/chat/completions -H 'X-Tenant-ID: batch-analytics' -H 'content-type: application/json' \
        -d '{{"model":"llama-3-70b","messages":[{{"role":"user","content":"hello"}}],"max_tokens":400}}' -i
   curl -s -X PUT {url}/admin/pressure -d '{{"value":65}}'     # Best-Effort now gets 429 (after 2 samples)

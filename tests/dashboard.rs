@@ -119,6 +119,8 @@ async fn dashboard_renders_pools_backends_tiers_and_decisions() {
     assert_eq!(page.status(), 200);
     assert!(header(&page, "content-type").starts_with("text/html"));
     let html = page.text().await.unwrap();
+    // The SVG namespace is a name, not a load.
+    let html = html.replace("http://www.w3.org/2000/svg", "");
     assert!(
         !html.contains("http://") && !html.contains("https://"),
         "the page must not load anything from elsewhere"
@@ -170,4 +172,39 @@ async fn dashboard_renders_pools_backends_tiers_and_decisions() {
         "a {}-byte screenshot is too small to show the page",
         png.len()
     );
+}
+
+/// Adaptive mode: each pool card shows its admission level with a history line, and the
+/// headroom of the tiers it serves.
+#[tokio::test]
+async fn dashboard_plots_admission_level_and_headroom() {
+    let od = sim("llama-3-70b", &[]).await;
+    let spot = sim("llama-3-70b", &[]).await;
+    let mut cfg = config(&[&od.addr], &[&spot.addr]);
+    merge(&mut cfg, json!({"policy": {"mode": "adaptive"}}));
+    let sluice = serve(&cfg).await;
+    for tenant in ["support-bot", "support-bot", "support-bot", "support-bot"] {
+        let r = sluice.chat(tenant, chat_body("llama-3-70b", Some(5))).await;
+        assert_eq!(r.status(), 200);
+    }
+    wait_for(Duration::from_secs(5), "Guaranteed headroom", || async {
+        let st = sluice.status().await;
+        st["admission_control"]["pools"]["on-demand"]["tiers"]["Guaranteed"]["headroom"].as_f64()
+    })
+    .await;
+    let url = sluice.url("/dashboard");
+    let dom = tokio::task::spawn_blocking(move || chromium(&url, &["--dump-dom"]))
+        .await
+        .unwrap();
+    for needle in [
+        r#"data-signal="admission level""#,
+        r#"data-level="0""#,
+        r#"data-headroom="Guaranteed""#,
+        "policy: adaptive",
+    ] {
+        assert!(
+            dom.contains(needle),
+            "rendered dashboard lacks {needle}:\n{dom}"
+        );
+    }
 }

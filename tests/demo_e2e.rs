@@ -1,4 +1,5 @@
-//! The "done when", against `sluice demo` itself: pass, reject at 65 while Guaranteed
+//! The foundation issue's "done when", against `sluice demo` itself in the prototype's
+//! `thresholds` mode (`SLUICE_POLICY_MODE=thresholds`): pass, reject at 65 while Guaranteed
 //! passes, degrade to 256 tokens at 75.
 
 mod common;
@@ -12,6 +13,7 @@ async fn demo_walkthrough() {
     let addr = format!("127.0.0.1:{}", free_port());
     let child = Command::new(BIN)
         .args(["demo", "--listen", &addr])
+        .env("SLUICE_POLICY_MODE", "thresholds")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

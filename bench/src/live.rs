@@ -44,25 +44,36 @@ type Completions = Arc<Mutex<Vec<(u64, bool)>>>;
 pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
     let s = input.scenario;
     let c = procs::client();
+    let spot_models = format!("{MODEL},{}", sluice_conf::FALLBACK_MODEL);
+    // A shared backend is one simulator serving both pools and the fallback model.
     let od = procs::start_sim(
         input.bin,
         "on-demand",
-        MODEL,
+        if s.backends.shared {
+            &spot_models
+        } else {
+            MODEL
+        },
         &s.backends.on_demand,
         input.dir,
         &c,
     )
     .await?;
-    let spot_models = format!("{MODEL},{}", sluice_conf::FALLBACK_MODEL);
-    let spot = procs::start_sim(
-        input.bin,
-        "spot",
-        &spot_models,
-        &s.backends.spot,
-        input.dir,
-        &c,
-    )
-    .await?;
+    let own_spot = match s.backends.shared {
+        true => None,
+        false => Some(
+            procs::start_sim(
+                input.bin,
+                "spot",
+                &spot_models,
+                &s.backends.spot,
+                input.dir,
+                &c,
+            )
+            .await?,
+        ),
+    };
+    let spot = own_spot.as_ref().unwrap_or(&od);
     let addrs = Addrs {
         sluice: procs::free_addr()?,
         on_demand: od.addr.clone(),
@@ -208,7 +219,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
     };
     let rss = peak_rss.load(Ordering::Relaxed);
     drop(sluice);
-    drop(spot);
+    drop(own_spot);
     drop(od);
     Ok(Run {
         scenario: s.name.clone(),
@@ -385,6 +396,11 @@ async fn sample_loop(
                 s.states = Some(Tier::ALL.map(|t| state(&get(t))));
                 s.inflight = Some(Tier::ALL.map(|t| get(t)["inflight"].as_u64().unwrap_or(0)));
                 s.queued = Some(Tier::ALL.map(|t| get(t)["queued"].as_u64().unwrap_or(0)));
+            }
+            let ac = &st["admission_control"];
+            if ac["enabled"].as_bool() == Some(true) {
+                let level = |p: &str| ac["pools"][p]["level"].as_f64().unwrap_or(0.0);
+                s.levels = Some([level("on-demand"), level("spot")]);
             }
         }
         if let Some(pid) = sluice_pid {

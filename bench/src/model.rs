@@ -12,11 +12,11 @@ use std::collections::VecDeque;
 
 use sluice::config::Config;
 use sluice::policy::adaptive::Outcome;
-use sluice::signals::vllm_text::Histogram;
 use sluice::policy::{
     self, tenant_policy::PolicyRules, Action, PolicyEngine, PolicyState, Pool, PoolSignals, Reason,
     RequestFacts, Tier,
 };
+use sluice::signals::vllm_text::Histogram;
 
 use crate::record::{Mode, RequestRecord, Run, Sample};
 use crate::scenario::{Arrival, EventKind, Scenario, SimParams};
@@ -389,12 +389,6 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 while q.front().is_some_and(|x| x.deadline <= now) {
                     let Some(x) = q.pop_front() else { break };
                     let r = &mut records[x.rec];
-                    p.outcomes[x.target.signal_pool].push(Outcome {
-                        at: now as u64,
-                        tier,
-                        latency_ms: None,
-                        failed: false,
-                    });
                     r.status = 429;
                     r.decision = "queue".into();
                     r.reason = Reason::QueueTimedOut.as_str().into();
@@ -514,14 +508,15 @@ fn arrive(
     }
     .signal_index()
     .unwrap_or(ON_DEMAND);
+    // The arrival, as Sluice reports it when the policy decides.
+    p.outcomes[signal_pool].push(Outcome {
+        at: now as u64,
+        tier: a.tier,
+        latency_ms: None,
+        failed: false,
+    });
     if d.action == Action::Reject {
         rec.status = 429;
-        p.outcomes[signal_pool].push(Outcome {
-            at: now as u64,
-            tier: a.tier,
-            latency_ms: None,
-            failed: false,
-        });
         return false;
     }
     let tokens = match d.action.max_tokens_cap() {
@@ -559,12 +554,6 @@ fn arrive(
         return true;
     }
     rec.status = 429;
-    p.outcomes[signal_pool].push(Outcome {
-        at: now as u64,
-        tier: a.tier,
-        latency_ms: None,
-        failed: false,
-    });
     rec.decision = if d.queue_eligible { "queue" } else { "reject" }.into();
     rec.reason = if d.queue_eligible {
         Reason::QueueDropped

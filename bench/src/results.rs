@@ -85,7 +85,10 @@ pub async fn run_scenarios(
                 if let Some(dir) = &scen.dump_runs {
                     let path = dir.join(format!("{}-{}-{}.json", s.name, mode.as_str(), engine));
                     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-                    write(&path, &serde_json::to_string(&run).map_err(|e| e.to_string())?)?;
+                    write(
+                        &path,
+                        &serde_json::to_string(&run).map_err(|e| e.to_string())?,
+                    )?;
                 }
                 runs.push(run);
             }

@@ -1,6 +1,7 @@
 //! Hand-written SVG timelines: one panel per run, each with the KV pressure (what the simulator
-//! reports and what the policy used), the tier states and fallback as colour bands, and every
-//! request's latency by tier on a log scale, rejections marked underneath.
+//! reports and what the policy used, and in adaptive mode each pool's admission level), the tier
+//! states and fallback as colour bands, and every request's latency by tier on a log scale
+//! against each tier's SLA target (dashed), rejections marked underneath.
 
 use sluice::policy::{PressureState, Tier};
 use std::fmt::Write as _;
@@ -15,6 +16,8 @@ const PANEL_H: f64 = 340.0;
 const HEADER_H: f64 = 56.0;
 const LAT_MIN_MS: f64 = 50.0;
 const LAT_MAX_MS: f64 = 30_000.0;
+/// The shipped ladder's length: the top of the KV lane when it carries the admission level.
+const LEVEL_MAX: f64 = 5.0;
 
 fn tier_color(t: Tier) -> &'static str {
     match t {
@@ -101,6 +104,10 @@ pub fn scenario_plot(title: &str, runs: &[&Run]) -> String {
             "spot KV (sim)",
             r##"<line x1="0" y1="0" x2="18" y2="0" stroke="#999" stroke-width="1"/>"##,
         ),
+        (
+            "admission level on-demand / spot (adaptive; 0 at the bottom, 5 steps at the top)",
+            r##"<line x1="0" y1="0" x2="18" y2="0" stroke="#2a9d3f" stroke-width="2.2"/>"##,
+        ),
     ] {
         let _ = writeln!(
             s,
@@ -183,6 +190,19 @@ fn panel(s: &mut String, run: &Run, y0: f64, end_ms: f64, x: &dyn Fn(f64) -> f64
         s,
         &series(&|m| m.policy_pressure),
         r##"stroke="#d1495b" stroke-width="1.6" stroke-dasharray="4,2""##,
+    );
+    // The adaptive controller's level shares the lane: 0–LEVEL_MAX steps over 0–100.
+    let level =
+        |i: usize| move |m: &crate::record::Sample| m.levels.map(|l| 100.0 * l[i] / LEVEL_MAX);
+    polyline(
+        s,
+        &series(&level(1)),
+        r##"stroke="#2a9d3f" stroke-width="1.2" stroke-dasharray="2,2""##,
+    );
+    polyline(
+        s,
+        &series(&level(0)),
+        r##"stroke="#2a9d3f" stroke-width="2.2""##,
     );
 
     // State lane: Guaranteed, Standard, Best-Effort, fallback.

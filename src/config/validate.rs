@@ -198,7 +198,10 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
         return err(&key("window_ms"), "must be > 0".into());
     }
     if !(a.quantile > 0.0 && a.quantile <= 1.0) {
-        return err(&key("quantile"), format!("{} is outside (0, 1]", a.quantile));
+        return err(
+            &key("quantile"),
+            format!("{} is outside (0, 1]", a.quantile),
+        );
     }
     if a.min_samples == 0 {
         return err(&key("min_samples"), "must be at least 1".into());
@@ -226,7 +229,10 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
         ("step_down", a.step_down),
     ] {
         if !(v.is_finite() && v > 0.0 && v <= 10.0) {
-            return err(&key(name), format!("{v} is outside (0, 10] steps per sample"));
+            return err(
+                &key(name),
+                format!("{v} is outside (0, 10] steps per sample"),
+            );
         }
     }
     if a.min_step_up > a.max_step_up {

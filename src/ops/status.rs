@@ -2,8 +2,8 @@
 
 use super::query_param;
 use crate::decisions::RecentFilter;
-use crate::policy::pressure::{Threshold, Thresholds};
 use crate::policy::adaptive::{Movement, RailKind};
+use crate::policy::pressure::{Threshold, Thresholds};
 use crate::policy::tenant_policy::PolicyRules;
 use crate::policy::{PolicyMode, PolicyState, Pool, SignalKind, Tier};
 use crate::proxy::App;

@@ -137,13 +137,14 @@ fn rail_level(steps: &[Step]) -> f64 {
         .map_or(0.0, |i| (i + 1) as f64)
 }
 
-/// One request's end as the controller sees it.
+/// What the controller hears of one request: its arrival when the policy decides it (so a tier
+/// counts as present on a pool from its first request, and a fully shed tier is not mistaken
+/// for an absent one), then its end if it was served.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Outcome {
     pub at: Millis,
     pub tier: Tier,
-    /// End-to-end latency; `None` when Sluice refused the request (it still counts as traffic
-    /// of the tier on the pool, so a fully shed tier is not mistaken for an absent one).
+    /// End-to-end latency of a served request; `None` for the arrival.
     pub latency_ms: Option<f64>,
     /// The request failed (5xx, timeout): counted as a missed target.
     pub failed: bool,
@@ -154,7 +155,10 @@ pub struct Outcome {
 pub enum Movement {
     Hold,
     /// Raised because `tier`'s headroom was `headroom`.
-    Up { tier: Tier, headroom: f64 },
+    Up {
+        tier: Tier,
+        headroom: f64,
+    },
     /// Lowered: the protected headroom is back above `relax_above` (or unknown).
     Down,
     /// A hard rail tripped.
@@ -335,9 +339,12 @@ impl PoolController {
             // that are arriving now were mostly queued before the current delay built up, so a
             // new request is expected to see both: the observed quantile plus today's wait.
             let delay = delay_ms.filter(|_| !q.is_empty()).map(|d| d / target);
+            // Without latencies of its own a tier's reading can only say "short" (vLLM makes
+            // everyone wait), never "plenty": an empty queue says nothing of service times.
             let room = |observed: Option<f64>| match (observed, delay) {
-                (None, None) => None,
-                (a, b) => Some((1.0 - a.unwrap_or(0.0) - b.unwrap_or(0.0)).max(-10.0)),
+                (Some(o), d) => Some((1.0 - o - d.unwrap_or(0.0)).max(-10.0)),
+                (None, Some(d)) if d > 0.0 => Some((1.0 - d).max(-10.0)),
+                (None, _) => None,
             };
             let whole = quantile(0);
             // Until requests admitted after the rise report, the window's latency stands in for
@@ -347,8 +354,10 @@ impl PoolController {
             let fresh = quantile(self.last_change).or(whole.filter(|_| queuing));
             latency_ms[tier.index()] = whole.map(|r| r * target);
             headroom[tier.index()] = room(fresh);
-            relax_headroom[tier.index()] = room(whole);
-            fresh_headroom[tier.index()] = room(quantile(self.last_change));
+            // Relaxing needs latencies: a queue delay alone never proves there is room.
+            relax_headroom[tier.index()] = whole.and(room(whole));
+            let since_rise = quantile(self.last_change);
+            fresh_headroom[tier.index()] = since_rise.and(room(since_rise));
         }
         let recent = &self.recent;
         let has_traffic = |t: Tier| !recent[t.index()].is_empty();
@@ -446,14 +455,14 @@ impl PoolController {
         // A pool is too full to take fallback traffic once a tier it serves is close to its
         // target (a tenth of it left), not merely below the escalation margin: the fallback is
         // worth some of the lowest tier's slack.
-        let saturated = Tier::ALL
-            .into_iter()
-            .filter_map(|t| relax_headroom[t.index()])
-            .any(|h| h < SATURATED_BELOW);
+        // What `/status` shows: the window's reading, or the queue delay's when no latency is in.
+        let shown: [Option<f64>; 3] =
+            Tier::ALL.map(|t| relax_headroom[t.index()].or(headroom[t.index()]));
+        let saturated = shown.iter().flatten().any(|h| *h < SATURATED_BELOW);
         PoolControl {
             level: self.level,
             steps,
-            headroom: relax_headroom,
+            headroom: shown,
             latency_ms,
             delay_ms,
             rail,
@@ -546,7 +555,16 @@ mod tests {
             );
             assert_eq!(ctl.shares(Tier::BestEffort).shed, 0.0, "sample {s}");
         }
-        assert!(c.observe(Pool::OnDemand, &rules, &t, &PoolSignals::default(), &[], 11_000).headroom[2]
+        assert!(c
+            .observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &PoolSignals::default(),
+                &[],
+                11_000
+            )
+            .headroom[2]
             .is_some_and(|h| h < 0.0));
     }
 
@@ -575,7 +593,10 @@ mod tests {
         ));
         let st = ctl.shares(Tier::Standard);
         assert_eq!((st.cap, st.fallback, st.shed), (1.0, 1.0, 0.0), "{ctl:?}");
-        assert!((ctl.shares(Tier::BestEffort).shed - 0.4).abs() < 1e-9, "{ctl:?}");
+        assert!(
+            (ctl.shares(Tier::BestEffort).shed - 0.4).abs() < 1e-9,
+            "{ctl:?}"
+        );
         assert_eq!(ctl.shares(Tier::Guaranteed), Shares::default());
     }
 
@@ -590,7 +611,14 @@ mod tests {
             o
         };
         let mut c = PoolController::new();
-        c.observe(Pool::OnDemand, &rules, &t, &none, &mixed(1000, 3000.0), 1000);
+        c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &none,
+            &mixed(1000, 3000.0),
+            1000,
+        );
         let risen = c.level();
         assert_eq!(risen, 1.0, "a deep shortfall rises a whole step");
         // Fast, healthy answers once the old ones left the window: down by step_down, faster
@@ -601,7 +629,14 @@ mod tests {
         assert!(fell >= t.step_down && fell <= 4.0 * t.step_down, "{fell}");
         // Within hold_ms of a rise the level stays, even with good news.
         let mut c2 = PoolController::new();
-        c2.observe(Pool::OnDemand, &rules, &t, &none, &mixed(1000, 3000.0), 1000);
+        c2.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &none,
+            &mixed(1000, 3000.0),
+            1000,
+        );
         let held = c2.observe(Pool::OnDemand, &rules, &t, &none, &[], 2000);
         assert_eq!((held.moved, c2.level()), (Movement::Hold, 1.0));
     }
@@ -671,12 +706,26 @@ mod tests {
         let mut c = PoolController::new();
         let mut o = batch(1000, Tier::Standard, 1500.0, 10);
         o.extend(batch(1000, Tier::BestEffort, 200.0, 10));
-        let ctl = c.observe(Pool::OnDemand, &rules, &t, &PoolSignals::default(), &o, 1000);
+        let ctl = c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &PoolSignals::default(),
+            &o,
+            1000,
+        );
         // Standard has traffic, so its cap step is first.
         assert!(ctl.shares(Tier::Standard).cap > 0.0);
         let mut c = PoolController::new();
         let g = batch(1000, Tier::Guaranteed, 3000.0, 10);
-        let ctl = c.observe(Pool::OnDemand, &rules, &t, &PoolSignals::default(), &g, 1000);
+        let ctl = c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &PoolSignals::default(),
+            &g,
+            1000,
+        );
         assert_eq!(
             ctl.level, 5.0,
             "only Guaranteed is here: its cap is the first step that applies"

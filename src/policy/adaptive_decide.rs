@@ -5,9 +5,7 @@
 
 use super::adaptive::{draw, PoolControl, RailKind, Shares};
 use super::tenant_policy::PolicyRules;
-use super::{
-    Action, Decision, Pool, PolicyState, PressureState, Reason, RequestFacts, TierState,
-};
+use super::{Action, Decision, PolicyState, Pool, PressureState, Reason, RequestFacts, TierState};
 
 /// The state a tier shows in `/status`, gauges and decisions: Critical while part of it is
 /// shed, Elevated while part of it is capped or moved.
@@ -22,9 +20,17 @@ fn shown_state(s: Shares) -> PressureState {
 }
 
 /// Each tier's state on its preferred pool.
-pub(super) fn tier_states(rules: &PolicyRules, pools: &[PoolControl; 2], tiers: &mut [TierState; 3]) {
+pub(super) fn tier_states(
+    rules: &PolicyRules,
+    pools: &[PoolControl; 2],
+    tiers: &mut [TierState; 3],
+) {
     for t in tiers.iter_mut() {
-        let pool = rules.tier(t.tier).preferred_pool.signal_index().unwrap_or(0);
+        let pool = rules
+            .tier(t.tier)
+            .preferred_pool
+            .signal_index()
+            .unwrap_or(0);
         t.state = shown_state(pools[pool].shares(t.tier));
         t.fail_open = false;
     }
@@ -51,7 +57,12 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
         queue_eligible: tier.queue_eligible,
     };
     if !req.shapeable {
-        return decision(Action::Pass, Reason::EndpointNotShapeable, pool, route_reason);
+        return decision(
+            Action::Pass,
+            Reason::EndpointNotShapeable,
+            pool,
+            route_reason,
+        );
     }
     let u = draw(req.ticket);
     if u < shares.shed {
@@ -193,7 +204,10 @@ mod tests {
             }
         }
         let expected = shares.fallback * 1000.0;
-        assert!((moved as f64 - expected).abs() < 60.0, "{moved} vs {expected}");
+        assert!(
+            (moved as f64 - expected).abs() < 60.0,
+            "{moved} vs {expected}"
+        );
         // Guaranteed is untouched below its own step.
         let g = decide(&s, &rules, &facts(Tier::Guaranteed, 7));
         assert_eq!(g.action, Action::Pass);

@@ -94,7 +94,14 @@ impl PolicyEngine {
             [one.clone(), one]
         } else {
             [
-                od.observe(Pool::OnDemand, rules, &rules.adaptive, signals, outcomes[0], now),
+                od.observe(
+                    Pool::OnDemand,
+                    rules,
+                    &rules.adaptive,
+                    signals,
+                    outcomes[0],
+                    now,
+                ),
                 sp.observe(Pool::Spot, rules, &rules.adaptive, spot, outcomes[1], now),
             ]
         };

@@ -56,8 +56,7 @@ impl PolicyRules {
     /// Moving pool `pool`'s traffic to the fallback sheds load from it (adaptive mode).
     pub fn fallback_relieves(&self, pool: Pool) -> bool {
         let same = |p: Pool| {
-            p == pool
-                || (self.spot_is_on_demand && matches!(p, Pool::OnDemand | Pool::Spot))
+            p == pool || (self.spot_is_on_demand && matches!(p, Pool::OnDemand | Pool::Spot))
         };
         match self.fallback_capacity {
             FallbackCapacity::None => false,

@@ -108,6 +108,17 @@ async fn decide_and_admit(app: &App, session: &mut Session, ctx: &mut Ctx) -> St
     let state = app.hub.state();
     let rules = app.hub.rules();
     decide(app, ctx, &state, &rules, tier, shapeable);
+    if let Some(pool) = super::outcome::controller_pool(app, ctx) {
+        app.hub.record_outcome(
+            pool,
+            policy::adaptive::Outcome {
+                at: app.hub.clock().now_ms(),
+                tier,
+                latency_ms: None,
+                failed: false,
+            },
+        );
+    }
     if ctx
         .decision
         .as_ref()

@@ -323,35 +323,39 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
     app.decisions.push(record);
 }
 
-/// The adaptive controller's outcome stream: every request the policy decided, on the pool that
-/// served it (a fallback on the pool whose backend runs it). A refusal counts as the tier's
-/// traffic without a latency; a backend failure counts as a missed target.
-fn feed_controller(app: &App, ctx: &Ctx, latency: std::time::Duration, proxied: bool) {
-    let Some(d) = ctx.decision.as_ref() else {
-        return;
-    };
+/// The adaptive controller that judges this request: the decision's pool, a fallback's being
+/// the pool whose backend runs it (none when the fallback has backends of its own).
+pub(super) fn controller_pool(app: &App, ctx: &Ctx) -> Option<usize> {
+    let d = ctx.decision.as_ref()?;
     let pool = match d.pool {
         crate::policy::Pool::Fallback => ctx
             .fallback_index
             .and_then(|i| app.pools.fallbacks.get(i))
-            .and_then(|h| h.runs_on),
-        p => Some(p),
+            .and_then(|h| h.runs_on)?,
+        p => p,
     };
-    let Some(index) = pool.and_then(crate::policy::Pool::signal_index) else {
+    pool.signal_index()
+}
+
+/// The end of a proxied request for the adaptive controller (its arrival was reported when it
+/// was decided): the latency when served, a missed target when the backend failed.
+fn feed_controller(app: &App, ctx: &Ctx, latency: std::time::Duration, proxied: bool) {
+    let (Some(d), Some(index)) = (ctx.decision.as_ref(), controller_pool(app, ctx)) else {
         return;
     };
-    let failed = proxied
-        && matches!(
-            ctx.error.as_deref(),
-            Some("upstream_error" | "upstream_timeout" | "connect_error")
-        );
-    let served = proxied && ctx.error.is_none();
+    let failed = matches!(
+        ctx.error.as_deref(),
+        Some("upstream_error" | "upstream_timeout" | "connect_error")
+    );
+    if !proxied || !(failed || ctx.error.is_none()) {
+        return;
+    }
     app.hub.record_outcome(
         index,
         crate::policy::adaptive::Outcome {
             at: app.hub.clock().now_ms(),
             tier: d.tier,
-            latency_ms: served.then(|| latency.as_secs_f64() * 1000.0),
+            latency_ms: (!failed).then(|| latency.as_secs_f64() * 1000.0),
             failed,
         },
     );

@@ -1,12 +1,12 @@
 //! The meeting point of background samplers, admin overrides and the request path.
 
 use super::prometheus::PrometheusHealth;
+use super::vllm_text::Histogram;
+use crate::policy::adaptive::Outcome;
 use crate::policy::tenant_policy::PolicyRules;
 use crate::policy::{Millis, PolicyEngine, PolicyState, PoolSignals, SignalKind};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use serde::Serialize;
-use super::vllm_text::Histogram;
-use crate::policy::adaptive::Outcome;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -170,7 +170,10 @@ pub struct SignalHub {
     /// The `signals.source` the samplers were started with (a reload cannot change it).
     source: OnceLock<&'static str>,
     /// Request outcomes on their way from `logging` to the next tick, by pool index.
-    outcomes: (SyncSender<(usize, Outcome)>, Mutex<Receiver<(usize, Outcome)>>),
+    outcomes: (
+        SyncSender<(usize, Outcome)>,
+        Mutex<Receiver<(usize, Outcome)>>,
+    ),
     outcomes_dropped: std::sync::atomic::AtomicU64,
 }
 

@@ -170,8 +170,16 @@ vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 9.0\n";
         // 6 / (2 per s) = 3 s.
         assert_eq!(later.interval_delay_ms(&q, 6.0, 1000.0), Some(3000.0));
         assert_eq!(later.interval_delay_ms(&q, 0.0, 1000.0), Some(500.0));
-        assert_eq!(q.interval_delay_ms(&q, 2.0, 1000.0), Some(1000.0), "a stalled queue");
-        assert_eq!(q.interval_delay_ms(&later, 0.0, 1000.0), None, "counter reset");
+        assert_eq!(
+            q.interval_delay_ms(&q, 2.0, 1000.0),
+            Some(1000.0),
+            "a stalled queue"
+        );
+        assert_eq!(
+            q.interval_delay_ms(&later, 0.0, 1000.0),
+            None,
+            "counter reset"
+        );
     }
 
     #[test]

@@ -1,0 +1,210 @@
+//! Adaptive mode (`policy.mode: adaptive`, the default) over real HTTP against the simulators:
+//! each tier is judged on the pool that serves it, KV pressure is only a hard rail, and a
+//! higher tier running out of latency headroom sheds the ladder lowest tier first.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Fast sampling and a short window so the controller moves within a test's patience.
+fn adaptive(od: &Proc, sp: &Proc) -> Value {
+    let mut cfg = config(&[&od.addr], &[&sp.addr]);
+    merge(
+        &mut cfg,
+        json!({
+            "policy": {"mode": "adaptive",
+                       "adaptive": {"window_ms": 2500, "min_samples": 3, "hold_ms": 500}},
+            "fallbacks": [{"name": "small", "url": format!("http://{}", sp.addr), "model": "llama-3-8b"}],
+        }),
+    );
+    cfg
+}
+
+async fn decision(s: &Sluice, tenant: &str, max_tokens: u64) -> (u16, String, String, String) {
+    let r = s
+        .chat(tenant, chat_body("llama-3-70b", Some(max_tokens)))
+        .await;
+    let out = (
+        r.status().as_u16(),
+        header(&r, "x-sluice-decision").to_string(),
+        header(&r, "x-sluice-reason").to_string(),
+        header(&r, "x-sluice-pool").to_string(),
+    );
+    let _ = r.bytes().await;
+    out
+}
+
+#[tokio::test]
+async fn best_effort_is_judged_on_spot_and_kv_pressure_is_only_a_rail() {
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b,llama-3-8b", &[]).await;
+    let s = serve(&adaptive(&od, &sp)).await;
+    assert_eq!(s.status().await["policy_mode"], "adaptive");
+
+    // On-demand at 75 % KV: the prototype sheds Best-Effort at 60 although it runs on spot.
+    s.set_signal("/admin/pressure", 75.0).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for tenant in ["batch-analytics", "coding-assistant", "support-bot"] {
+        let (status, d, reason, _) = decision(&s, tenant, 20).await;
+        assert_eq!(
+            (status, d.as_str(), reason.as_str()),
+            (200, "pass", "admitted_slo_headroom"),
+            "{tenant}"
+        );
+    }
+    assert_eq!(decision(&s, "batch-analytics", 20).await.3, "spot");
+
+    // On-demand at its rail: Standard is shed at once, Guaranteed is not, and Best-Effort on
+    // spot is not concerned.
+    s.set_signal("/admin/pressure", 100.0).await;
+    wait_for(Duration::from_secs(5), "the rail", || async {
+        let st = s.status().await;
+        (st["admission_control"]["pools"]["on-demand"]["moved"]["direction"] == "rail")
+            .then_some(())
+    })
+    .await;
+    let (status, d, reason, _) = decision(&s, "coding-assistant", 20).await;
+    assert_eq!(
+        (status, d.as_str(), reason.as_str()),
+        (429, "reject", "reject_pressure_rail")
+    );
+    assert_eq!(decision(&s, "support-bot", 20).await.0, 200);
+    let (status, _, reason, pool) = decision(&s, "batch-analytics", 20).await;
+    assert_eq!(
+        (status, reason.as_str(), pool.as_str()),
+        (200, "admitted_slo_headroom", "spot")
+    );
+    let m = s.metrics().await;
+    assert!(
+        m.contains("sluice_admission_level{pool=\"on-demand\"} 4"),
+        "the rail holds on-demand at its last shed step (Standard shed): {m}"
+    );
+}
+
+/// Guaranteed and Standard share a slow on-demand pool: the first thing Standard meets is a cap
+/// or the fallback model, never a refusal; when the slowness ends the level returns to 0.
+#[tokio::test]
+async fn guaranteed_short_of_headroom_shapes_standard_first_then_recovers() {
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b,llama-3-8b", &[]).await;
+    let s = Arc::new(serve(&adaptive(&od, &sp)).await);
+    // Every on-demand request now takes 1.8 s of Guaranteed's 2 s target.
+    sim_admin(&od, "/admin/latency", json!({"extra_ms": 1800})).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (s, stop) = (Arc::clone(&s), Arc::clone(&stop));
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let batch: Vec<_> = (0..6)
+                    .map(|_| {
+                        let s = Arc::clone(&s);
+                        tokio::spawn(async move { decision(&s, "support-bot", 5).await })
+                    })
+                    .collect();
+                for b in batch {
+                    assert_eq!(b.await.unwrap().0, 200, "Guaranteed is never shed");
+                }
+            }
+        })
+    };
+    let first = wait_for(Duration::from_secs(20), "Standard to be shaped", || async {
+        let d = decision(&s, "coding-assistant", 400).await;
+        (d.1 != "pass").then_some(d)
+    })
+    .await;
+    assert!(
+        matches!(
+            (first.0, first.1.as_str(), first.2.as_str()),
+            (200, "degrade", "degrade_slo_headroom") | (200, "fallback", "fallback_slo_headroom")
+        ),
+        "{first:?}"
+    );
+    let st = s.status().await;
+    let od_ctl = &st["admission_control"]["pools"]["on-demand"];
+    assert!(od_ctl["level"].as_f64().unwrap() > 0.0, "{od_ctl}");
+    assert_eq!(
+        (&od_ctl["steps"][0]["tier"], &od_ctl["steps"][0]["action"]),
+        (&json!("Standard"), &json!("cap"))
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    load.await.unwrap();
+
+    // The slowness ends; fast answers bring the level back to 0 and Standard passes again.
+    sim_admin(&od, "/admin/latency", json!({"extra_ms": 0})).await;
+    wait_for(
+        Duration::from_secs(30),
+        "the level to fall back to 0",
+        || async {
+            for tenant in ["support-bot", "coding-assistant", "support-bot"] {
+                decision(&s, tenant, 5).await;
+            }
+            let st = s.status().await;
+            (st["admission_control"]["pools"]["on-demand"]["level"].as_f64() == Some(0.0))
+                .then_some(())
+        },
+    )
+    .await;
+    let (status, d, reason, _) = decision(&s, "coding-assistant", 400).await;
+    assert_eq!(
+        (status, d.as_str(), reason.as_str()),
+        (200, "pass", "admitted_slo_headroom")
+    );
+}
+
+#[tokio::test]
+async fn pools_on_one_backend_share_one_controller_that_sheds_best_effort_first() {
+    let one = sim("llama-3-70b,llama-3-8b", &[]).await;
+    let s = Arc::new(serve(&adaptive(&one, &one)).await);
+    let st = s.status().await;
+    assert_eq!(st["admission_control"]["shared_capacity"], true);
+    let steps: Vec<String> = st["admission_control"]["pools"]["on-demand"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            format!(
+                "{} {}",
+                x["tier"].as_str().unwrap(),
+                x["action"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "Standard cap",
+            "Best-Effort shed",
+            "Standard shed",
+            "Guaranteed cap"
+        ],
+        "no fallback step: the fallback runs on the same backend and would relieve nothing"
+    );
+    sim_admin(&one, "/admin/latency", json!({"extra_ms": 2100})).await;
+    let mut shed = false;
+    for _ in 0..8 {
+        let batch: Vec<_> = (0..5)
+            .map(|_| {
+                let s = Arc::clone(&s);
+                tokio::spawn(async move { decision(&s, "support-bot", 5).await })
+            })
+            .collect();
+        for b in batch {
+            b.await.unwrap();
+        }
+        let (status, _, reason, _) = decision(&s, "batch-analytics", 5).await;
+        if status == 429 {
+            assert_eq!(reason, "reject_slo_headroom");
+            shed = true;
+            break;
+        }
+    }
+    assert!(
+        shed,
+        "Best-Effort on the shared backend is shed for Guaranteed: {}",
+        s.status().await["admission_control"]
+    );
+    let recent = s.recent("limit=200&tier=Guaranteed").await;
+    assert!(recent.iter().all(|d| d["status"] == 200), "{recent:?}");
+}
