@@ -57,8 +57,8 @@ impl Default for AdaptiveTuning {
             window_ms: 4000,
             quantile: 0.9,
             min_samples: 4,
-            escalate_below: 0.25,
-            relax_above: 0.4,
+            escalate_below: 0.3,
+            relax_above: 0.45,
             max_step_up: 2.0,
             min_step_up: 0.25,
             step_down: 0.25,
@@ -250,6 +250,9 @@ pub struct PoolController {
 
 /// Headroom under which a pool takes no fallback traffic.
 const SATURATED_BELOW: f64 = 0.1;
+/// Share of a served tier's requests over target (in the window) past which a pool takes no
+/// fallback traffic: the fallback must not cost the pool's own tiers their SLA.
+const SATURATED_MISSING: f64 = 0.01;
 
 /// Bound on remembered outcomes per tier, so a flood cannot grow memory or the per-sample sort.
 const RECENT_MAX: usize = 4096;
@@ -318,10 +321,11 @@ impl PoolController {
         let mut headroom = [None; 3];
         let mut relax_headroom = [None; 3];
         let mut fresh_headroom = [None; 3];
+        let mut missing = [0.0; 3];
         for tier in Tier::ALL {
             let target = rules.tier(tier).sla_target_ms.max(1) as f64;
             let q = &self.recent[tier.index()];
-            let quantile = |since: Millis| {
+            let quantile_at = |since: Millis, level: f64| {
                 let mut served: Vec<f64> = q
                     .iter()
                     .filter(|(_, started, _)| *started >= since)
@@ -329,12 +333,12 @@ impl PoolController {
                     .collect();
                 (served.len() >= tuning.min_samples.max(1)).then(|| {
                     served.sort_by(f64::total_cmp);
-                    let idx = ((served.len() as f64 * tuning.quantile).ceil() as usize)
-                        .clamp(1, served.len())
-                        - 1;
+                    let idx =
+                        ((served.len() as f64 * level).ceil() as usize).clamp(1, served.len()) - 1;
                     served[idx]
                 })
             };
+            let quantile = |since: Millis| quantile_at(since, tuning.quantile);
             // The queue delay only concerns a tier that sends traffic to this pool. Latencies
             // that are arriving now were mostly queued before the current delay built up, so a
             // new request is expected to see both: the observed quantile plus today's wait.
@@ -347,11 +351,18 @@ impl PoolController {
                 (None, _) => None,
             };
             let whole = quantile(0);
-            // Until requests admitted after the rise report, the window's latency stands in for
-            // their service time, but only while vLLM still queues: then the contention that
-            // produced it is still there.
+            let served: Vec<f64> = q.iter().filter_map(|(_, _, r)| *r).collect();
+            if !served.is_empty() {
+                missing[tier.index()] =
+                    served.iter().filter(|r| **r > 1.0).count() as f64 / served.len() as f64;
+            }
+            // Until requests admitted after the rise report, the window's median stands in for
+            // their service time (the queue delay is added on top), but only while vLLM still
+            // queues: then the contention that produced it is still there. The median, not the
+            // quantile: the slow tail of the old answers is the queueing the delay already counts.
             let queuing = delay_ms.is_some_and(|d| d > 0.0);
-            let fresh = quantile(self.last_change).or(whole.filter(|_| queuing));
+            let fresh =
+                quantile(self.last_change).or_else(|| quantile_at(0, 0.5).filter(|_| queuing));
             latency_ms[tier.index()] = whole.map(|r| r * target);
             headroom[tier.index()] = room(fresh);
             // Relaxing needs latencies: a queue delay alone never proves there is room.
@@ -458,7 +469,8 @@ impl PoolController {
         // What `/status` shows: the window's reading, or the queue delay's when no latency is in.
         let shown: [Option<f64>; 3] =
             Tier::ALL.map(|t| relax_headroom[t.index()].or(headroom[t.index()]));
-        let saturated = shown.iter().flatten().any(|h| *h < SATURATED_BELOW);
+        let saturated = shown.iter().flatten().any(|h| *h < SATURATED_BELOW)
+            || missing.iter().any(|m| *m > SATURATED_MISSING);
         PoolControl {
             level: self.level,
             steps,
