@@ -7,6 +7,7 @@ use crate::decisions::DecisionRing;
 use crate::lifecycle::{DrainService, ReloadService};
 use crate::metrics::Metrics;
 use crate::pools::PoolSet;
+use crate::proxy::conn_guard::ConnGuard;
 use crate::proxy::{App, Sluice};
 use crate::signals::scraper::SignalSampler;
 use crate::signals::{Clock, SignalHub};
@@ -15,6 +16,7 @@ use arc_swap::ArcSwap;
 use pingora::server::configuration::Opt;
 use pingora::server::Server;
 use pingora::services::background::background_service;
+use pingora::services::listening::Service;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,13 +81,14 @@ pub fn build(
         config: ArcSwap::from_pointee(cfg.clone()),
     });
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    let proxy = pingora::proxy::http_proxy(
         &server.configuration,
         Sluice {
             app: Arc::clone(&app),
         },
-        "sluice proxy",
     );
+    let guard = ConnGuard::new(proxy, Arc::clone(&app), &cfg.listen);
+    let mut proxy = Service::new("sluice proxy".to_string(), guard);
     for addr in &cfg.listen {
         proxy.add_tcp(addr);
     }

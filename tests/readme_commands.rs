@@ -74,7 +74,10 @@ fn the_run_command_starts_sluice() {
         "{run} --help: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("demo") && stdout.contains("serve"), "{stdout}");
+    assert!(
+        stdout.contains("demo") && stdout.contains("serve"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -97,9 +97,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     if c.metrics.tenant_label && !(1..=10_000).contains(&c.metrics.max_tenants) {
         return err("metrics.max_tenants", "must be between 1 and 10000".into());
     }
-    if c.limits.max_body_bytes == 0 {
-        return err("limits.max_body_bytes", "must be > 0".into());
-    }
+    limits(c)?;
     coordination(c)?;
     telemetry(c)?;
 
@@ -447,6 +445,51 @@ fn ledger(c: &Config) -> Result<(), ConfigError> {
             "ledger.schema",
             format!(
                 "{schema:?} must be 1 to 63 of a-z, 0-9 and _, not starting with a digit or pg_"
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Bounds the connection guard needs: zero would refuse every request or never time out.
+fn limits(c: &Config) -> Result<(), ConfigError> {
+    let l = &c.limits;
+    let err = |key: &str, reason: String| Err(ConfigError::new(&c.source, key, reason));
+    for (key, v) in [
+        ("limits.max_body_bytes", l.max_body_bytes as u64),
+        ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
+        ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
+        ("limits.keepalive_timeout_ms", l.keepalive_timeout_ms),
+        ("limits.max_connections", l.max_connections as u64),
+    ] {
+        if v == 0 {
+            return err(key, "must be > 0".into());
+        }
+    }
+    if !(1..=crate::proxy::head_check::PINGORA_MAX_HEADERS).contains(&l.max_headers) {
+        return err(
+            "limits.max_headers",
+            format!(
+                "must be between 1 and {} (Pingora's own limit)",
+                crate::proxy::head_check::PINGORA_MAX_HEADERS
+            ),
+        );
+    }
+    if !(1024..=crate::proxy::head_check::PINGORA_MAX_HEADER_BYTES).contains(&l.max_header_bytes) {
+        return err(
+            "limits.max_header_bytes",
+            format!(
+                "must be between 1024 and {} (Pingora's own limit)",
+                crate::proxy::head_check::PINGORA_MAX_HEADER_BYTES
+            ),
+        );
+    }
+    if l.max_request_line_bytes < 64 || l.max_request_line_bytes > l.max_header_bytes {
+        return err(
+            "limits.max_request_line_bytes",
+            format!(
+                "must be between 64 and limits.max_header_bytes ({})",
+                l.max_header_bytes
             ),
         );
     }

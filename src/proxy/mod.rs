@@ -3,10 +3,15 @@
 //! - `upstream_peer` / `fail_to_connect` ([`upstream`]): the pool's healthy backend, one retry;
 //! - `request_body_filter` ([`body`]): swaps in the rewritten JSON body;
 //! - response filters and `logging` ([`outcome`]): headers, usage, the decision record, metrics.
+//!
+//! In front of all of them, [`conn_guard`] owns each client connection: connection limit,
+//! header limits and timeouts, framing checks ([`head_check`]) before Pingora parses a byte.
 
 pub mod admit;
 pub mod body;
+pub mod conn_guard;
 pub mod ctx;
+pub mod head_check;
 pub mod outcome;
 pub mod respond;
 pub mod upstream;
@@ -74,6 +79,13 @@ impl ProxyHttp for Sluice {
             started: Some(Instant::now()),
             active: Some(self.app.active.enter()),
             closing: self.app.closing(),
+            refused_body_drain: {
+                let l = &self.app.config.load().limits;
+                (
+                    l.refused_body_drain_bytes,
+                    std::time::Duration::from_millis(l.refused_body_drain_ms),
+                )
+            },
             ..Default::default()
         }
     }
