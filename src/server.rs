@@ -8,6 +8,7 @@ use crate::lifecycle::{DrainService, ReloadService};
 use crate::metrics::Metrics;
 use crate::pools::PoolSet;
 use crate::proxy::conn_guard::ConnGuard;
+use crate::proxy::tls::CertStore;
 use crate::proxy::{App, Sluice};
 use crate::signals::scraper::SignalSampler;
 use crate::signals::{Clock, SignalHub};
@@ -64,7 +65,14 @@ pub fn build(
         PoolSet::build(&cfg).map_err(|e| format!("building pools: {e}"))?;
     let (admission, admission_services) = crate::admission::build(&cfg)?;
     let ledger = crate::ledger::build(&cfg, Arc::clone(&hub))?;
+    let tls_certs = cfg
+        .listen_tls
+        .iter()
+        .map(|l| CertStore::load(&l.cert, &l.key).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("loading a TLS certificate: {e}"))?;
     let app = Arc::new(App {
+        tls_certs: tls_certs.clone(),
         tenants: ArcSwap::from_pointee(TenantDirectory::from_config(&cfg)),
         hub: Arc::clone(&hub),
         pools,
@@ -87,10 +95,19 @@ pub fn build(
             app: Arc::clone(&app),
         },
     );
-    let guard = ConnGuard::new(proxy, Arc::clone(&app), &cfg.listen);
+    let listeners: Vec<String> = cfg
+        .listen
+        .iter()
+        .cloned()
+        .chain(cfg.listen_tls.iter().map(|l| l.listen.clone()))
+        .collect();
+    let guard = ConnGuard::new(proxy, Arc::clone(&app), &listeners);
     let mut proxy = Service::new("sluice proxy".to_string(), guard);
     for addr in &cfg.listen {
         proxy.add_tcp(addr);
+    }
+    for (l, certs) in cfg.listen_tls.iter().zip(&tls_certs) {
+        proxy.add_tls_with_settings(&l.listen, None, certs.settings());
     }
     server.add_service(proxy);
     for svc in health_services {

@@ -15,6 +15,8 @@ use std::path::PathBuf;
 pub struct Config {
     /// Proxy listeners (ops endpoints share them).
     pub listen: Vec<String>,
+    /// TLS proxy listeners; certificate and key are re-read on SIGHUP.
+    pub listen_tls: Vec<TlsListenerConfig>,
     /// Pingora's own server settings (`threads`, `grace_period_seconds`, `upgrade_sock`, …).
     /// `threads` defaults to the machine's cores instead of Pingora's 1.
     pub server: serde_yaml::Mapping,
@@ -57,6 +59,7 @@ impl Default for Config {
         Config {
             listen: vec!["127.0.0.1:8080".into()],
             server: serde_yaml::Mapping::new(),
+            listen_tls: Vec::new(),
             tenants_file: None,
             tenants: BTreeMap::new(),
             api_keys: Vec::new(),
@@ -445,6 +448,16 @@ impl Default for RoutingConfig {
             spot_evict_queue_depth_at: t.queue_depth.critical_at,
         }
     }
+}
+
+/// One TLS listener: its address and PEM files (relative to the config's directory).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsListenerConfig {
+    pub listen: String,
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize)]

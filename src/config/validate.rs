@@ -20,6 +20,24 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
             );
         }
     }
+    for (i, l) in c.listen_tls.iter().enumerate() {
+        let key = format!("listen_tls[{i}]");
+        if l.listen.parse::<SocketAddr>().is_err() {
+            return err(
+                &format!("{key}.listen"),
+                format!("{:?} is not an ip:port address", l.listen),
+            );
+        }
+        if c.listen.contains(&l.listen) {
+            return err(
+                &format!("{key}.listen"),
+                format!("{} is also a plain listen address", l.listen),
+            );
+        }
+        if let Err((which, reason)) = crate::proxy::tls::load_certified_key(&l.cert, &l.key) {
+            return err(&format!("{key}.{which}"), reason);
+        }
+    }
     c.server_conf()?;
     pool(file, "pools.on-demand", &c.pools.on_demand, true)?;
     pool(file, "pools.spot", &c.pools.spot, false)?;

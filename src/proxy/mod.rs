@@ -14,6 +14,7 @@ pub mod ctx;
 pub mod head_check;
 pub mod outcome;
 pub mod respond;
+pub mod tls;
 pub mod upstream;
 
 use crate::admission::AdmissionControl;
@@ -58,6 +59,8 @@ pub struct App {
     /// process drains: responses then close their connection, so clients reconnect to the new
     /// process instead of racing Pingora's close of idle keep-alive connections.
     pub closing: std::sync::atomic::AtomicBool,
+    /// The certificates of the TLS listeners, re-read on SIGHUP.
+    pub tls_certs: Vec<Arc<tls::CertStore>>,
 }
 
 impl App {
