@@ -59,10 +59,7 @@ impl ResolvesServerCert for CertStore {
 
 /// Reads a PEM certificate chain and private key. The error names the file at fault (`cert`
 /// or `key`) and why.
-pub fn load_certified_key(
-    cert: &Path,
-    key: &Path,
-) -> Result<CertifiedKey, (&'static str, String)> {
+pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, (&'static str, String)> {
     pingora::tls::install_default_crypto_provider();
     for (which, path, marker) in [
         ("cert", cert, "-----BEGIN CERTIFICATE-----"),
@@ -96,8 +93,11 @@ pub fn load_certified_key(
         .load_private_key(private)
         .map_err(|e| ("key", format!("{} is not a usable key: {e}", key.display())))?;
     let certified = CertifiedKey::new(certs, signing);
-    certified
-        .keys_match()
-        .map_err(|e| ("key", format!("{} does not match {}: {e}", key.display(), cert.display())))?;
+    certified.keys_match().map_err(|e| {
+        (
+            "key",
+            format!("{} does not match {}: {e}", key.display(), cert.display()),
+        )
+    })?;
     Ok(certified)
 }
