@@ -111,13 +111,13 @@ fn the_kubernetes_config_is_a_valid_sluice_config_with_real_capacities() {
     let dep = doc("k8s/deployment.yaml");
     let pod = &dep["spec"]["template"]["spec"];
     let mounted = pod["containers"][0]["volumeMounts"]
-        .as_array()
+        .as_sequence()
         .unwrap()
         .iter()
         .find(|m| m["mountPath"] == mount)
         .unwrap_or_else(|| panic!("nothing mounted at {mount}"));
     let volume = pod["volumes"]
-        .as_array()
+        .as_sequence()
         .unwrap()
         .iter()
         .find(|v| v["name"] == mounted["name"])
