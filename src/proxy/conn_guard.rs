@@ -268,6 +268,8 @@ impl ConnGuard {
         }
         let mut stopping = self.stopping.subscribe();
         tokio::select! {
+            // Bytes already sent win over stopping: a request that arrived is served.
+            biased;
             r = timeout_at(deadline, stream.read_buf(buf)) => match r {
                 Ok(Ok(0)) => Err(Stop::Eof),
                 Ok(Ok(_)) => Ok(()),
