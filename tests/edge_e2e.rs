@@ -432,15 +432,16 @@ import http.client, json, os
 host, port = os.environ["ADDR"].split(":")
 c = http.client.HTTPConnection(host, int(port), timeout=30)
 big = b"x" * int(os.environ["SIZE"])
+tenant = os.environ.get("TENANT", "support-bot")
 c.request("POST", "/v1/chat/completions", body=big,
-          headers={"X-Tenant-ID": "support-bot", "Content-Type": "application/json"})
+          headers={"X-Tenant-ID": tenant, "Content-Type": "application/json"})
 r = c.getresponse()
 first = {"status": r.status, "body": json.loads(r.read())}
 # The same connection answers the next request when the refused body could be drained.
 small = json.dumps({"model": "llama-3-70b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
 try:
     c.request("POST", "/v1/chat/completions", body=small,
-              headers={"X-Tenant-ID": "support-bot", "Content-Type": "application/json"})
+              headers={"X-Tenant-ID": tenant, "Content-Type": "application/json"})
     r = c.getresponse()
     r.read()
     first["next_status"] = r.status
@@ -528,6 +529,39 @@ async fn early_refusals_are_read_by_every_common_client() {
         1,
         "only http.client's follow-up request reached a backend"
     );
+}
+
+#[tokio::test]
+async fn a_policy_refusal_before_a_large_body_is_read_is_readable_too() {
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b", &[]).await;
+    let s = serve(&config(&[&od.addr], &[&sp.addr])).await;
+    s.set_signal("/admin/pressure", 65.0).await;
+    s.wait_tier_state("Best-Effort", "Critical").await;
+    // 200 KB: too large to pre-read, so the 429 is decided on headers with the body unread.
+    let addr = s.addr.clone();
+    let r = tokio::task::spawn_blocking(move || {
+        python(
+            HTTP_CLIENT,
+            &[
+                ("ADDR", addr.as_str()),
+                ("SIZE", "200000"),
+                ("TENANT", "batch-analytics"),
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(r["status"], 429, "{r}");
+    assert_eq!(
+        r["body"]["error"]["reason"], "reject_pressure_critical",
+        "{r}"
+    );
+    assert_eq!(
+        r["next_status"], 429,
+        "the connection was kept after the drain: {r}"
+    );
+    assert_eq!(backend_requests(&[&od, &sp]).await, 0);
 }
 
 #[tokio::test]
