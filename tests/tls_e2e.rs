@@ -306,3 +306,59 @@ fn check_names_a_missing_or_mismatched_certificate() {
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(&pki);
 }
+
+#[tokio::test]
+async fn the_tls_listener_is_carried_across_a_binary_upgrade() {
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b", &[]).await;
+    let pki: PathBuf = std::env::temp_dir().join(format!("sluice-tls-up-{}", free_port()));
+    std::fs::create_dir_all(&pki).unwrap();
+    make_ca(&pki);
+    make_leaf(&pki, "a");
+    let port = free_port();
+    let mut cfg = config(&[&od.addr], &[&sp.addr]);
+    merge(
+        &mut cfg,
+        json!({"server": {"grace_period_seconds": 1}, "listen_tls": [{
+            "listen": format!("127.0.0.1:{port}"),
+            "cert": pki.join("a.pem").display().to_string(),
+            "key": pki.join("a.key").display().to_string(),
+        }]}),
+    );
+    let mut old = serve(&cfg).await;
+    let ca = pki.join("ca.pem");
+    assert_eq!(served_serial(port, &ca), file_serial(&pki, "a.pem"));
+    let old_pid = old.pid();
+    let _new = Proc {
+        child: Command::new(BIN)
+            .args(["serve", "-u", "--config"])
+            .arg(old.dir.join("sluice.yaml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(old.dir.join("new.log")).unwrap())
+            .spawn()
+            .unwrap(),
+        addr: old.addr.clone(),
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Command::new("kill")
+        .args(["-QUIT", &old_pid.to_string()])
+        .status()
+        .unwrap();
+    wait_for(Duration::from_secs(20), "the old process to exit", || {
+        let exited = old.proc.child.try_wait().unwrap().is_some();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    // Only the new process holds the listening socket now, and it serves TLS on it.
+    let out = Command::new("curl")
+        .args(["-s", "--cacert"])
+        .arg(&ca)
+        .arg(format!("https://localhost:{port}/healthz"))
+        .args(["-w", "\n%{http_code}"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.ends_with("\n200"), "after the upgrade: {text}");
+    assert_eq!(served_serial(port, &ca), file_serial(&pki, "a.pem"));
+    let _ = std::fs::remove_dir_all(&pki);
+}
