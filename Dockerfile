@@ -17,6 +17,6 @@ RUN groupadd --system --gid 10001 sluice \
 COPY --from=build /src/target/release/sluice /usr/local/bin/sluice
 COPY conf/ /etc/sluice/
 USER 10001:10001
-EXPOSE 8080
+EXPOSE 8080 8443
 ENTRYPOINT ["/usr/local/bin/sluice"]
 CMD ["serve", "--config", "/etc/sluice/sluice.yaml", "--listen", "0.0.0.0:8080"]

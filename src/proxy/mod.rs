@@ -3,12 +3,18 @@
 //! - `upstream_peer` / `fail_to_connect` ([`upstream`]): the pool's healthy backend, one retry;
 //! - `request_body_filter` ([`body`]): swaps in the rewritten JSON body;
 //! - response filters and `logging` ([`outcome`]): headers, usage, the decision record, metrics.
+//!
+//! In front of all of them, [`conn_guard`] owns each client connection: connection limit,
+//! header limits and timeouts, framing checks ([`head_check`]) before Pingora parses a byte.
 
 pub mod admit;
 pub mod body;
+pub mod conn_guard;
 pub mod ctx;
+pub mod head_check;
 pub mod outcome;
 pub mod respond;
+pub mod tls;
 pub mod upstream;
 
 use crate::admission::AdmissionControl;
@@ -53,6 +59,8 @@ pub struct App {
     /// process drains: responses then close their connection, so clients reconnect to the new
     /// process instead of racing Pingora's close of idle keep-alive connections.
     pub closing: std::sync::atomic::AtomicBool,
+    /// The certificates of the TLS listeners, re-read on SIGHUP.
+    pub tls_certs: Vec<Arc<tls::CertStore>>,
 }
 
 impl App {
@@ -74,6 +82,13 @@ impl ProxyHttp for Sluice {
             started: Some(Instant::now()),
             active: Some(self.app.active.enter()),
             closing: self.app.closing(),
+            refused_body_drain: {
+                let l = &self.app.config.load().limits;
+                (
+                    l.refused_body_drain_bytes,
+                    std::time::Duration::from_millis(l.refused_body_drain_ms),
+                )
+            },
             ..Default::default()
         }
     }

@@ -131,6 +131,14 @@ pub async fn fail_to_proxy(
             can_reuse_downstream: false,
         };
     }
+    // The client gets a fixed message per status: `e` carries Pingora's context chain, which
+    // names backend addresses. The detail goes to the log line instead.
+    log::warn!(
+        target: "sluice::proxy",
+        "{}",
+        serde_json::json!({"event": "request_failed", "request_id": ctx.request_id,
+                           "status": code, "kind": kind, "detail": e.to_string()})
+    );
     let (reason, body) = match code {
         503 => (
             Reason::BackendUnavailable,
@@ -138,7 +146,7 @@ pub async fn fail_to_proxy(
                 "sluice_backend",
                 "backend_unavailable",
                 Reason::BackendUnavailable,
-                &e.to_string(),
+                "No healthy backend is available for this request.",
             ),
         ),
         413 => (
@@ -147,7 +155,10 @@ pub async fn fail_to_proxy(
                 "sluice_request",
                 "body_too_large",
                 Reason::BodyTooLarge,
-                &e.to_string(),
+                &format!(
+                    "The request body exceeds {} bytes.",
+                    app.config.load().limits.max_body_bytes
+                ),
             ),
         ),
         400 => (
@@ -156,7 +167,7 @@ pub async fn fail_to_proxy(
                 "sluice_request",
                 "invalid_json",
                 Reason::InvalidJson,
-                &e.to_string(),
+                "The decision needs to rewrite the body, which is not a JSON object.",
             ),
         ),
         _ => (
@@ -165,7 +176,11 @@ pub async fn fail_to_proxy(
                 "sluice_backend",
                 "upstream_error",
                 Reason::UpstreamError,
-                &e.to_string(),
+                match kind {
+                    "upstream_timeout" => "The backend timed out before answering.",
+                    "internal_error" => "Sluice failed to proxy the request.",
+                    _ => "The backend failed before answering.",
+                },
             ),
         ),
     };

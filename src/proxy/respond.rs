@@ -7,6 +7,7 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use serde_json::json;
+use std::time::Duration;
 
 /// The rejection body (the seed's shape).
 pub fn capacity_body(reason: Reason, tier: Tier, s: &PoolSignals) -> serde_json::Value {
@@ -55,8 +56,11 @@ pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Writes a complete response. When the request body was not read, the connection is closed
-/// afterwards rather than draining an arbitrarily large upload.
+/// Writes a complete response. A body the refusal left unread is then read and discarded
+/// (bounded by `ctx.refused_body_drain`), as nginx's lingering close does: closing with unread
+/// bytes makes the kernel reset the connection, and a client still sending its body (Python's
+/// http.client, httpx, the openai SDK) would see `Broken pipe` instead of this answer. A body
+/// drained whole leaves the connection reusable; a larger or slower one is cut after the bound.
 pub async fn send(
     session: &mut Session,
     ctx: &mut Ctx,
@@ -73,7 +77,15 @@ pub async fn send(
         resp.insert_header(k.to_string(), v.as_str())?;
     }
     decision_headers(&mut resp, ctx)?;
-    if !session.is_body_done() {
+    let unread = !session.is_body_done();
+    let (drain_max, drain_time) = ctx.refused_body_drain;
+    // Announce the close up front when the body cannot be drained within the bound.
+    let declared = session
+        .req_header()
+        .headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if unread && declared.is_none_or(|n| n > drain_max as u64) {
         session.set_keepalive(None);
     }
     if ctx.closing {
@@ -82,7 +94,29 @@ pub async fn send(
     ctx.status = status;
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await?;
+    if unread && !drain_unread_body(session, drain_max, drain_time).await {
+        session.set_keepalive(None);
+    }
     Ok(())
+}
+
+/// `true` when the request body was read to its end within the bounds.
+async fn drain_unread_body(session: &mut Session, max: usize, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut seen = 0usize;
+    while !session.is_body_done() {
+        match tokio::time::timeout_at(deadline, session.read_request_body()).await {
+            Ok(Ok(Some(chunk))) => {
+                seen += chunk.len();
+                if seen > max {
+                    return false;
+                }
+            }
+            Ok(Ok(None)) => break,
+            _ => return false,
+        }
+    }
+    true
 }
 
 pub async fn send_json(
