@@ -62,7 +62,7 @@ pub struct ScenarioArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "seed,seed-forced,seed-defaults,overload,spot-failure,bursty"
+        default_value = "seed,shared-backend,seed-forced,seed-defaults,overload,spot-failure,bursty"
     )]
     pub scenarios: Vec<String>,
     /// Modes, comma separated: baseline (Guaranteed arrivals alone, direct; only for scenarios
@@ -70,7 +70,7 @@ pub struct ScenarioArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "baseline,direct,phase1,phase2"
+        default_value = "baseline,direct,phase1,phase2,adaptive"
     )]
     pub modes: Vec<String>,
     /// live (real HTTP), model (in-process, simulated time) or both.

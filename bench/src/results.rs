@@ -441,6 +441,75 @@ fn tier(s: &RunSummary, t: Tier) -> Option<&report::TierSummary> {
     s.tiers.iter().find(|x| x.tier == t.as_str())
 }
 
+/// Issue 10's targets for the shipped (adaptive) config against `direct` on the same arrivals.
+fn adaptive_targets(scenario: &str, sums: &[RunSummary], out: &mut Vec<(String, String, bool)>) {
+    let (Some(a), Some(d)) = (find(sums, "adaptive"), find(sums, "direct")) else {
+        return;
+    };
+    let src = if a.engine == "live" { "live" } else { "model" };
+    let v = |s: &RunSummary, t: Tier| tier(s, t).and_then(|x| x.viol_all_pct).unwrap_or(0.0);
+    let g = v(a, Tier::Guaranteed);
+    out.push((
+        format!("{scenario}, adaptive: Guaranteed ≤ 1 % violations"),
+        format!("{g:.1} % ({src})"),
+        g <= 1.0,
+    ));
+    let worse: Vec<String> = Tier::ALL
+        .iter()
+        .map(|&t| format!("{} {:.1} vs {:.1}", t.as_str(), v(a, t), v(d, t)))
+        .collect();
+    out.push((
+        format!("{scenario}, adaptive: no tier worse than direct by more than 2 points"),
+        worse.join("; "),
+        Tier::ALL.iter().all(|&t| v(a, t) <= v(d, t) + 2.0),
+    ));
+    let need = if matches!(scenario, "seed" | "shared-backend") {
+        1.10
+    } else {
+        1.0
+    };
+    let (ga, gd) = (a.all.goodput_rps, d.all.goodput_rps);
+    out.push((
+        format!("{scenario}, adaptive: total goodput ≥ {need:.2}× direct's"),
+        format!("{ga:.2} vs {gd:.2} req/s = {:.2}×", ga / gd.max(1e-9)),
+        ga >= need * gd,
+    ));
+    if matches!(scenario, "seed" | "shared-backend") {
+        let (st, be, be_d) = (
+            v(a, Tier::Standard),
+            v(a, Tier::BestEffort),
+            v(d, Tier::BestEffort),
+        );
+        out.push((
+            format!("{scenario}, adaptive: Standard ≤ 15 %"),
+            format!("{st:.1} %"),
+            st <= 15.0,
+        ));
+        out.push((
+            format!("{scenario}, adaptive: Best-Effort ≤ direct's"),
+            format!("{be:.1} % vs {be_d:.1} %"),
+            be <= be_d,
+        ));
+    }
+    if scenario == "overload" {
+        let good = |m: &str| {
+            find(sums, m)
+                .and_then(|s| tier(s, Tier::Guaranteed))
+                .map(|x| x.goodput_rps)
+        };
+        if let (Some(base), Some(ad)) = (good("baseline"), good("adaptive")) {
+            out.push((
+                "overload, adaptive: Guaranteed goodput ≥ 97 % of Guaranteed alone".into(),
+                format!(
+                    "{ad:.2} vs {base:.2} req/s = {:.0} %",
+                    100.0 * ad / base.max(1e-9)
+                ),
+                ad >= 0.97 * base,
+            ));
+        }
+    }
+}
+
 /// The issue's targets, judged on what this run measured.
 pub fn evaluate_targets(scenario: &str, sums: &[RunSummary]) -> Vec<(String, String, bool)> {
     let mut out = Vec::new();
@@ -451,6 +520,7 @@ pub fn evaluate_targets(scenario: &str, sums: &[RunSummary]) -> Vec<(String, Str
     };
     let engine =
         |m: &str| find(sums, m).map_or("", |s| if s.engine == "live" { "live" } else { "model" });
+    adaptive_targets(scenario, sums, &mut out);
     if scenario == "seed" || scenario == "seed-forced" {
         if let (Some(d), Some(p)) = (
             viol("direct", Tier::Guaranteed),

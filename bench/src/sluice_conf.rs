@@ -105,13 +105,7 @@ pub fn for_mode(
     }
     let mut cfg = json!({
         "listen": [addrs.sluice],
-        "server": {
-            "threads": 2,
-            "grace_period_seconds": 0,
-            "graceful_shutdown_timeout_seconds": 1,
-            "upgrade_sock": dir.join("upgrade.sock").display().to_string(),
-            "pid_file": dir.join("sluice.pid").display().to_string(),
-        },
+        "server": server_block(dir),
         "tenants": tenants,
         "pools": {
             "on-demand": {"backends": [addrs.on_demand], "health_check": hc},
@@ -165,6 +159,17 @@ pub fn for_mode(
     Some(cfg)
 }
 
+/// Pingora's settings for a benchmark process: its own pid and upgrade files, no grace.
+fn server_block(dir: &Path) -> Value {
+    json!({
+        "threads": 2,
+        "grace_period_seconds": 0,
+        "graceful_shutdown_timeout_seconds": 1,
+        "upgrade_sock": dir.join("upgrade.sock").display().to_string(),
+        "pid_file": dir.join("sluice.pid").display().to_string(),
+    })
+}
+
 /// The shipped `conf/sluice.yaml` as a user deploys it: only what names this run's processes
 /// (listen address, backends, tenants, pid and upgrade files) and the scenario's SLA targets
 /// change; no knob is tuned for the scenario.
@@ -185,13 +190,7 @@ fn shipped(s: &Scenario, addrs: &Addrs, dir: &Path, sla: SlaSignal) -> Value {
         .collect();
     let mut patch = json!({
         "listen": [addrs.sluice],
-        "server": {
-            "threads": 2,
-            "grace_period_seconds": 0,
-            "graceful_shutdown_timeout_seconds": 1,
-            "upgrade_sock": dir.join("upgrade.sock").display().to_string(),
-            "pid_file": dir.join("sluice.pid").display().to_string(),
-        },
+        "server": server_block(dir),
         "tenants": tenants,
         "pools": {
             "on-demand": {"backends": [addrs.on_demand]},

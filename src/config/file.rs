@@ -318,73 +318,15 @@ pub struct PolicyConfig {
     /// `adaptive` (SLO feedback per pool, the default) or `thresholds` (the prototype's static
     /// per-tier thresholds on on-demand's signals).
     pub mode: String,
-    pub adaptive: AdaptiveConfig,
+    /// The controller's knobs, read straight into the policy core's tuning.
+    pub adaptive: AdaptiveTuning,
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
         Self {
             mode: PolicyMode::default().as_str().into(),
-            adaptive: AdaptiveConfig::default(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AdaptiveConfig {
-    pub window_ms: u64,
-    pub quantile: f64,
-    pub min_samples: usize,
-    pub escalate_below: f64,
-    pub relax_above: f64,
-    pub max_step_up: f64,
-    pub min_step_up: f64,
-    pub step_down: f64,
-    pub hold_ms: u64,
-    /// `null` turns a rail off.
-    pub rail_pressure_at: Option<f64>,
-    pub rail_queue_depth_at: Option<f64>,
-}
-
-impl Default for AdaptiveConfig {
-    fn default() -> Self {
-        AdaptiveTuning::default().into()
-    }
-}
-
-impl From<AdaptiveTuning> for AdaptiveConfig {
-    fn from(t: AdaptiveTuning) -> Self {
-        Self {
-            window_ms: t.window_ms,
-            quantile: t.quantile,
-            min_samples: t.min_samples,
-            escalate_below: t.escalate_below,
-            relax_above: t.relax_above,
-            max_step_up: t.max_step_up,
-            min_step_up: t.min_step_up,
-            step_down: t.step_down,
-            hold_ms: t.hold_ms,
-            rail_pressure_at: t.rail_pressure_at,
-            rail_queue_depth_at: t.rail_queue_depth_at,
-        }
-    }
-}
-
-impl From<&AdaptiveConfig> for AdaptiveTuning {
-    fn from(c: &AdaptiveConfig) -> Self {
-        Self {
-            window_ms: c.window_ms,
-            quantile: c.quantile,
-            min_samples: c.min_samples,
-            escalate_below: c.escalate_below,
-            relax_above: c.relax_above,
-            max_step_up: c.max_step_up,
-            min_step_up: c.min_step_up,
-            step_down: c.step_down,
-            hold_ms: c.hold_ms,
-            rail_pressure_at: c.rail_pressure_at,
-            rail_queue_depth_at: c.rail_queue_depth_at,
+            adaptive: AdaptiveTuning::default(),
         }
     }
 }
@@ -745,7 +687,7 @@ pub(super) fn policy_rules(cfg: &Config) -> PolicyRules {
     PolicyRules {
         mode: PolicyMode::parse(&cfg.policy.mode).unwrap_or_default(),
         tiers,
-        adaptive: (&cfg.policy.adaptive).into(),
+        adaptive: cfg.policy.adaptive.clone(),
         stability: StabilityTuning {
             consecutive_samples: cfg.stability.consecutive_samples,
             cooldown_ms: secs_to_ms(cfg.stability.cooldown_seconds),

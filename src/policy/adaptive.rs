@@ -25,8 +25,10 @@ use super::tenant_policy::PolicyRules;
 use super::{Millis, Pool, PoolSignals, Tier};
 use std::collections::VecDeque;
 
-/// Knobs of the controller. The defaults are the shipped ones (`policy.adaptive.*`).
-#[derive(Debug, Clone, PartialEq)]
+/// Knobs of the controller. The defaults are the shipped ones (`policy.adaptive.*`, read by
+/// the config loader straight into this struct).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AdaptiveTuning {
     /// Outcomes older than this no longer count.
     pub window_ms: Millis,

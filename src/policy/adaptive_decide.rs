@@ -173,20 +173,26 @@ mod tests {
         assert_eq!(d.action, Action::Reject);
     }
 
-    #[test]
-    fn shares_pick_requests_by_ticket_and_nest() {
-        let rules = PolicyRules::default();
-        let mut engine = PolicyEngine::new(rules.clone());
-        // Guaranteed far over target on on-demand: the level climbs past Standard's cap and
-        // fallback steps; spot is idle, so the fallback is usable.
+    /// Guaranteed far over target on on-demand, two samples 3 s apart: the level climbs past
+    /// Standard's cap and into its fallback step. `spot_be_ms`: Best-Effort's latency on spot.
+    fn guaranteed_short(spot_be_ms: Option<f64>) -> PolicyState {
+        let mut engine = PolicyEngine::new(PolicyRules::default());
         let sig = PoolSignals::default();
         let mut s = None;
         for t in 1..=2u64 {
             let mut od = served(t * 3000, Tier::Guaranteed, 2300.0, 10);
             od.extend(served(t * 3000, Tier::Standard, 500.0, 10));
-            s = Some(engine.sample(&sig, &sig, [&od, &[]], t * 3000));
+            let sp = spot_be_ms.map_or(Vec::new(), |ms| served(t * 3000, Tier::BestEffort, ms, 10));
+            s = Some(engine.sample(&sig, &sig, [&od, &sp], t * 3000));
         }
-        let s = s.unwrap();
+        s.unwrap()
+    }
+
+    #[test]
+    fn shares_pick_requests_by_ticket_and_nest() {
+        let rules = PolicyRules::default();
+        // Spot is idle, so the fallback is usable.
+        let s = guaranteed_short(None);
         let shares = s.pools[0].shares(Tier::Standard);
         assert!(shares.cap == 1.0 && shares.fallback > 0.0 && shares.fallback < 1.0);
         let mut moved = 0;
@@ -216,17 +222,8 @@ mod tests {
     #[test]
     fn a_saturated_fallback_pool_takes_no_fallback_traffic() {
         let rules = PolicyRules::default();
-        let mut engine = PolicyEngine::new(rules.clone());
-        let sig = PoolSignals::default();
-        let mut s = None;
-        for t in 1..=2u64 {
-            let mut od = served(t * 3000, Tier::Guaranteed, 2300.0, 10);
-            od.extend(served(t * 3000, Tier::Standard, 500.0, 10));
-            // Spot's own Best-Effort traffic is over target: spot is saturated.
-            let sp = served(t * 3000, Tier::BestEffort, 600.0, 10);
-            s = Some(engine.sample(&sig, &sig, [&od, &sp], t * 3000));
-        }
-        let s = s.unwrap();
+        // Spot's own Best-Effort traffic is over target: spot is saturated.
+        let s = guaranteed_short(Some(600.0));
         assert!(s.pools[1].saturated);
         for ticket in 0..200 {
             let d = decide(&s, &rules, &facts(Tier::Standard, ticket));

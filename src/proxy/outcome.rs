@@ -370,7 +370,7 @@ fn feed_controller(app: &App, ctx: &Ctx, latency: std::time::Duration, proxied: 
         crate::policy::adaptive::Outcome {
             at: app.hub.clock().now_ms(),
             tier: d.tier,
-            latency_ms: (!failed).then(|| latency.as_secs_f64() * 1000.0),
+            latency_ms: (!failed).then_some(latency.as_secs_f64() * 1000.0),
             failed,
         },
     );

@@ -170,12 +170,12 @@ pub struct SignalHub {
     /// The `signals.source` the samplers were started with (a reload cannot change it).
     source: OnceLock<&'static str>,
     /// Request outcomes on their way from `logging` to the next tick, by pool index.
-    outcomes: (
-        SyncSender<(usize, Outcome)>,
-        Mutex<Receiver<(usize, Outcome)>>,
-    ),
+    outcomes: (SyncSender<PoolOutcome>, Mutex<Receiver<PoolOutcome>>),
     outcomes_dropped: std::sync::atomic::AtomicU64,
 }
+
+/// An outcome and the index of the pool whose controller hears it.
+type PoolOutcome = (usize, Outcome);
 
 /// Outcomes buffered between two ticks; past it they are dropped (and counted).
 const OUTCOME_BUFFER: usize = 16_384;
