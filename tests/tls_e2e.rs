@@ -181,14 +181,7 @@ async fn https_serves_the_openai_sdk_and_renews_its_certificate_on_sighup() {
     let s = serve(&cfg).await;
     let ca = pki.join("ca.pem");
 
-    let out = Command::new("curl")
-        .args(["-s", "--cacert"])
-        .arg(&ca)
-        .arg(format!("https://localhost:{port}/healthz"))
-        .args(["-w", "\n%{http_code}"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = curl_healthz(&ca, port);
     assert!(text.ends_with("\n200"), "curl over TLS: {text}");
 
     let (ca_s, port_s) = (ca.display().to_string(), port.to_string());
@@ -350,15 +343,20 @@ async fn the_tls_listener_is_carried_across_a_binary_upgrade() {
     })
     .await;
     // Only the new process holds the listening socket now, and it serves TLS on it.
+    let text = curl_healthz(&ca, port);
+    assert!(text.ends_with("\n200"), "after the upgrade: {text}");
+    assert_eq!(served_serial(port, &ca), file_serial(&pki, "a.pem"));
+    let _ = std::fs::remove_dir_all(&pki);
+}
+
+/// `GET /healthz` over https with curl trusting `ca`: the body, a newline and the status code.
+fn curl_healthz(ca: &std::path::Path, port: u16) -> String {
     let out = Command::new("curl")
         .args(["-s", "--cacert"])
-        .arg(&ca)
+        .arg(ca)
         .arg(format!("https://localhost:{port}/healthz"))
         .args(["-w", "\n%{http_code}"])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.ends_with("\n200"), "after the upgrade: {text}");
-    assert_eq!(served_serial(port, &ca), file_serial(&pki, "a.pem"));
-    let _ = std::fs::remove_dir_all(&pki);
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
