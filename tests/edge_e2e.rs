@@ -628,11 +628,7 @@ fn check_validates_the_limits() {
         ),
     ] {
         let (dir, path) = write_config(&patch);
-        let out = std::process::Command::new(BIN)
-            .args(["check", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
+        let out = sluice_check(&path);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{patch} accepted");
         assert!(

@@ -209,11 +209,7 @@ fn check_names_file_key_and_reason() {
     let (dir, path) = write_config(
         &json!({"tiers": {"Standard": {"thresholds": {"pressure": {"elevated_at": 95, "critical_at": 90}}}}}),
     );
-    let out = std::process::Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = sluice_check(&path);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&path.display().to_string()), "{err}");
@@ -225,11 +221,7 @@ fn check_names_file_key_and_reason() {
         "pools:\n  on-demand:\n    backends: [\"127.0.0.1:8001\"]\n  spot: {backends: 3}\n",
     )
     .unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = sluice_check(&path);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("pools.spot.backends"),

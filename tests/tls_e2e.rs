@@ -271,11 +271,7 @@ fn check_names_a_missing_or_mismatched_certificate() {
             "cert": pki.join(cert).display().to_string(),
             "key": pki.join(key).display().to_string(),
         }]}));
-        let out = Command::new(BIN)
-            .args(["check", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
+        let out = sluice_check(&path);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && err.contains(at),
@@ -286,11 +282,7 @@ fn check_names_a_missing_or_mismatched_certificate() {
     let (dir, path) = write_config(&json!({"listen_tls": [{
         "listen": "127.0.0.1:8443", "cert": pki.join("a.pem"), "key": pki.join("a.key"),
     }]}));
-    let out = Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = sluice_check(&path);
     assert!(
         out.status.success(),
         "{}",

@@ -212,13 +212,7 @@ impl ConnGuard {
             Framing::Length(n) if n <= head_check::BODY_LOOKAHEAD as u64 => {
                 let end = head.len + n as usize;
                 while buf.len() < end {
-                    if let Err(stop) = self
-                        .read_some(stream, &mut buf, Instant::now() + body_gap)
-                        .await
-                    {
-                        if matches!(stop, Stop::Timeout) {
-                            self.timed_out(stream, listener, "body_lookahead", buf.len());
-                        }
+                    if !self.read_body(stream, listener, &mut buf, body_gap).await {
                         return Read::Close;
                     }
                 }
@@ -236,13 +230,7 @@ impl ConnGuard {
                         return Read::Ready(buf)
                     }
                     BodyVerdict::Incomplete => {
-                        if let Err(stop) = self
-                            .read_some(stream, &mut buf, Instant::now() + body_gap)
-                            .await
-                        {
-                            if matches!(stop, Stop::Timeout) {
-                                self.timed_out(stream, listener, "body_lookahead", buf.len());
-                            }
+                        if !self.read_body(stream, listener, &mut buf, body_gap).await {
                             return Read::Close;
                         }
                     }
@@ -255,6 +243,26 @@ impl ConnGuard {
             return Read::Refuse(head_check::TRAILING_DATA);
         }
         Read::Ready(buf)
+    }
+
+    /// More of a body being read ahead, at most `gap` after the last bytes; false when the
+    /// client stopped sending (a timeout is logged and counted) or went away.
+    async fn read_body(
+        &self,
+        stream: &mut Stream,
+        listener: &Listener,
+        buf: &mut BytesMut,
+        gap: Duration,
+    ) -> bool {
+        match self.read_some(stream, buf, Instant::now() + gap).await {
+            Ok(()) => true,
+            Err(stop) => {
+                if matches!(stop, Stop::Timeout) {
+                    self.timed_out(stream, listener, "body_lookahead", buf.len());
+                }
+                false
+            }
+        }
     }
 
     async fn read_some(

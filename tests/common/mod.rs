@@ -167,6 +167,15 @@ impl std::ops::Deref for Sluice {
     }
 }
 
+/// `sluice check --config PATH`, as an operator runs it before a reload.
+pub fn sluice_check(path: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(path)
+        .output()
+        .unwrap()
+}
+
 pub fn write_config(cfg: &Value) -> (PathBuf, PathBuf) {
     let dir = std::env::temp_dir().join(format!(
         "sluice-test-{}-{}",
