@@ -624,15 +624,20 @@ mod tests {
             o.extend(batch(at, Tier::Standard, 300.0, 10));
             o
         };
-        let mut c = PoolController::new();
-        c.observe(
-            Pool::OnDemand,
-            &rules,
-            &t,
-            &none,
-            &mixed(1000, 3000.0),
-            1000,
-        );
+        // A controller that has just risen on Guaranteed answers 50 % over target.
+        let risen_at_1s = || {
+            let mut c = PoolController::new();
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &none,
+                &mixed(1000, 3000.0),
+                1000,
+            );
+            c
+        };
+        let mut c = risen_at_1s();
         let risen = c.level();
         assert_eq!(risen, 1.0, "a deep shortfall rises a whole step");
         // Fast, healthy answers once the old ones left the window: down by step_down, faster
@@ -642,15 +647,7 @@ mod tests {
         let fell = risen - c.level();
         assert!(fell >= t.step_down && fell <= 4.0 * t.step_down, "{fell}");
         // Within hold_ms of a rise the level stays, even with good news.
-        let mut c2 = PoolController::new();
-        c2.observe(
-            Pool::OnDemand,
-            &rules,
-            &t,
-            &none,
-            &mixed(1000, 3000.0),
-            1000,
-        );
+        let mut c2 = risen_at_1s();
         let held = c2.observe(Pool::OnDemand, &rules, &t, &none, &[], 2000);
         assert_eq!((held.moved, c2.level()), (Movement::Hold, 1.0));
     }
