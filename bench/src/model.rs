@@ -155,6 +155,20 @@ struct Target {
 const ON_DEMAND: usize = 0;
 const SPOT: usize = 1;
 
+/// Sluice's estimated work in flight per pool (by signal index): every job it sent, prompt plus
+/// the completion budget, until it ends, as the live proxy counts it.
+fn inflight_work(engines: &[Engine; 2]) -> [f64; 2] {
+    let mut w = [0.0; 2];
+    for e in engines {
+        for j in e.running.iter().chain(e.waiting.iter()) {
+            if j.slot.is_some() {
+                w[j.signal_pool] += j.need as f64;
+            }
+        }
+    }
+    w
+}
+
 /// The engine behind the spot pool (and the fallback): on-demand's own when `shared`.
 fn spot_engine(s: &Scenario) -> usize {
     if s.backends.shared {
@@ -298,6 +312,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                         completions.iter().filter(|c| c.1).count() as f64 / completions.len() as f64
                     })
                 });
+                let work = inflight_work(&engines);
                 let od = &engines[ON_DEMAND];
                 let sp = &engines[sp_engine];
                 // vLLM's queue delay as Sluice derives it from two scrapes of the histogram.
@@ -314,6 +329,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                     sla_violation_rate: sla_rate,
                     queue_time_ms: delay(ON_DEMAND, od),
                     ttft_ms: None,
+                    inflight_work: Some(work[ON_DEMAND]),
                 };
                 let spot = PoolSignals {
                     pressure: Some(sp.usage() * 100.0),
@@ -321,6 +337,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                     sla_violation_rate: None,
                     queue_time_ms: delay(SPOT, sp),
                     ttft_ms: None,
+                    inflight_work: Some(work[SPOT]),
                 };
                 let [o0, o1] = std::mem::take(&mut p.outcomes);
                 p.state = p.policy.sample(&signals, &spot, [&o0, &o1], now as u64);
@@ -498,6 +515,9 @@ fn arrive(
         spot_healthy: p.spot_seen_healthy,
         fallback_pool: Some(fallback_pool),
         ticket: policy::adaptive::ticket_of(&crate::live::request_id(a)),
+        prompt_tokens: a.prompt_tokens,
+        max_tokens: Some(a.max_tokens),
+        inflight_work: inflight_work(engines),
     };
     let d = policy::decide(&p.state, &p.rules, &facts);
     rec.decision = d.action.name().into();

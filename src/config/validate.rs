@@ -251,6 +251,29 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
             );
         }
     }
+    for (name, v) in [
+        ("work_share_standard", a.work_share_standard),
+        ("work_share_best_effort", a.work_share_best_effort),
+    ] {
+        if !(v.is_finite() && v > 0.0 && v <= 2.0) {
+            return err(
+                &key(name),
+                format!("{v} is outside (0, 2] (a share of the work limit)"),
+            );
+        }
+    }
+    if a.work_share_best_effort > a.work_share_standard {
+        return err(
+            &key("work_share_best_effort"),
+            format!(
+                "must not exceed work_share_standard ({}): a lower tier may not fill more of a pool",
+                a.work_share_standard
+            ),
+        );
+    }
+    if a.assumed_max_tokens == 0 {
+        return err(&key("assumed_max_tokens"), "must be at least 1".into());
+    }
     if a.min_step_up > a.max_step_up {
         return err(
             &key("min_step_up"),

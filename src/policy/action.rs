@@ -56,6 +56,9 @@ mod tests {
             spot_healthy: true,
             fallback_pool: None,
             ticket: 0,
+            prompt_tokens: 0,
+            max_tokens: None,
+            inflight_work: [0.0; 2],
         }
     }
 

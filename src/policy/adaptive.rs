@@ -22,6 +22,7 @@
 //! that pool. Everything here is pure: outcomes and signals come in with their times.
 
 use super::tenant_policy::PolicyRules;
+use super::work_gate::WorkLimit;
 use super::{Millis, Pool, PoolSignals, Tier};
 use std::collections::VecDeque;
 
@@ -51,6 +52,13 @@ pub struct AdaptiveTuning {
     /// at once, whatever the latencies say.
     pub rail_pressure_at: Option<f64>,
     pub rail_queue_depth_at: Option<f64>,
+    /// Gate lower tiers on the work in flight per pool ([`super::work_gate`]).
+    pub work_gate: bool,
+    /// Shares of a pool's learned work limit Standard and Best-Effort may fill.
+    pub work_share_standard: f64,
+    pub work_share_best_effort: f64,
+    /// Completion tokens counted for a request that sets no `max_tokens`.
+    pub assumed_max_tokens: u64,
 }
 
 impl Default for AdaptiveTuning {
@@ -67,6 +75,10 @@ impl Default for AdaptiveTuning {
             hold_ms: 2000,
             rail_pressure_at: Some(100.0),
             rail_queue_depth_at: Some(128.0),
+            work_gate: false,
+            work_share_standard: 0.9,
+            work_share_best_effort: 0.7,
+            assumed_max_tokens: 1024,
         }
     }
 }
@@ -188,6 +200,10 @@ pub struct PoolControl {
     pub moved: Movement,
     /// Some served tier is short of headroom: this pool should not take fallback traffic.
     pub saturated: bool,
+    /// The learned work limit (estimated KV tokens in flight), once the pool has run short.
+    pub work_limit: Option<f64>,
+    /// Sluice's own work in flight on the pool at the sample.
+    pub inflight_work: Option<f64>,
 }
 
 impl PoolControl {
@@ -201,6 +217,8 @@ impl PoolControl {
             rail: None,
             moved: Movement::Hold,
             saturated: false,
+            work_limit: None,
+            inflight_work: None,
         }
     }
 
@@ -248,6 +266,7 @@ pub struct PoolController {
     last_change: Millis,
     /// Per tier: (end, start, latency / target or None for a refusal).
     recent: [VecDeque<(Millis, Millis, Option<f64>)>; 3],
+    work: WorkLimit,
 }
 
 /// Headroom under which a pool takes no fallback traffic.
@@ -272,6 +291,7 @@ impl PoolController {
             last_rise: None,
             last_change: 0,
             recent: Default::default(),
+            work: WorkLimit::default(),
         }
     }
 
@@ -473,6 +493,13 @@ impl PoolController {
             Tier::ALL.map(|t| relax_headroom[t.index()].or(headroom[t.index()]));
         let saturated = shown.iter().flatten().any(|h| *h < SATURATED_BELOW)
             || missing.iter().any(|m| *m > SATURATED_MISSING);
+        let short = matches!(moved, Movement::Up { .. } | Movement::Rail(_));
+        let work_limit = if tuning.work_gate {
+            self.work
+                .sample(signals.inflight_work, short, now, tuning.hold_ms)
+        } else {
+            None
+        };
         PoolControl {
             level: self.level,
             steps,
@@ -482,6 +509,8 @@ impl PoolController {
             rail,
             moved,
             saturated,
+            work_limit,
+            inflight_work: signals.inflight_work,
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use super::adaptive::{draw, PoolControl, RailKind, Shares};
 use super::tenant_policy::PolicyRules;
+use super::work_gate;
 use super::{Action, Decision, PolicyState, Pool, PressureState, Reason, RequestFacts, TierState};
 
 /// The state a tier shows in `/status`, gauges and decisions: Critical while part of it is
@@ -89,6 +90,38 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
             Reason::RouteFallback,
         );
     }
+    // The work gate: what the level lets through must still fit the tier's share of the
+    // pool's learned work limit.
+    let t = &rules.adaptive;
+    let gate = work_gate::share(req.tier, t.work_share_standard, t.work_share_best_effort)
+        .filter(|_| t.work_gate && ctl.level > 0.0);
+    let inflight = if rules.spot_is_on_demand {
+        req.inflight_work.iter().sum()
+    } else {
+        req.inflight_work[pool.signal_index().unwrap_or(0)]
+    };
+    let work =
+        |cap| work_gate::work_of(req.prompt_tokens, req.max_tokens, cap, t.assumed_max_tokens);
+    let over = |cap| gate.is_some_and(|s| work_gate::over(inflight, work(cap), ctl.work_limit, s));
+    if over(cap) {
+        if let Some(max_tokens) = tier
+            .max_tokens_cap
+            .filter(|c| cap.is_none() && !over(Some(*c)))
+        {
+            let action = Action::Degrade { max_tokens };
+            return decision(action, Reason::DegradeWorkLimit, pool, route_reason);
+        }
+        if fallback_usable && tier.fallback_eligible && rules.fallback_relieves(pool) {
+            let action = Action::Fallback { max_tokens: cap };
+            return decision(
+                action,
+                Reason::FallbackWorkLimit,
+                Pool::Fallback,
+                Reason::RouteFallback,
+            );
+        }
+        return decision(Action::Reject, Reason::RejectWorkLimit, pool, route_reason);
+    }
     match cap {
         Some(max_tokens) => decision(
             Action::Degrade { max_tokens },
@@ -119,6 +152,9 @@ mod tests {
             spot_healthy: true,
             fallback_pool: Some(Pool::Spot),
             ticket,
+            prompt_tokens: 0,
+            max_tokens: None,
+            inflight_work: [0.0; 2],
         }
     }
 
@@ -229,5 +265,51 @@ mod tests {
             let d = decide(&s, &rules, &facts(Tier::Standard, ticket));
             assert_ne!(d.pool, Pool::Fallback);
         }
+    }
+
+    /// The opt-in work gate: on a pool that has learned a limit and is under pressure, a lower
+    /// tier's request that would pass its share is capped to fit, else moved or refused, while
+    /// Guaranteed always passes; at level 0 or with the gate off nothing changes.
+    #[test]
+    fn the_work_gate_caps_then_refuses_lower_tiers_and_never_guaranteed() {
+        let mut rules = PolicyRules::default();
+        rules.adaptive.work_gate = true;
+        let mut s = PolicyState::initial();
+        s.pools[1].level = 0.5;
+        s.pools[1].work_limit = Some(1000.0);
+        let req = |tier, inflight: f64, max_tokens| RequestFacts {
+            prompt_tokens: 100,
+            max_tokens: Some(max_tokens),
+            inflight_work: [0.0, inflight],
+            ..facts(tier, 0)
+        };
+        // Best-Effort (share 0.7 of 1000) on spot: fits, then does not fit and has no cap.
+        let d = decide(&s, &rules, &req(Tier::BestEffort, 100.0, 300));
+        assert_eq!(d.reason, Reason::AdmittedWithinHeadroom);
+        let d = decide(&s, &rules, &req(Tier::BestEffort, 400.0, 300));
+        assert_eq!(
+            (d.action, d.reason),
+            (Action::Reject, Reason::RejectWorkLimit)
+        );
+        // Standard (share 0.9, cap 256) judged on spot's work when routed there.
+        rules.tiers[Tier::Standard.index()].preferred_pool = Pool::Spot;
+        let d = decide(&s, &rules, &req(Tier::Standard, 500.0, 500));
+        assert_eq!(
+            (d.action, d.reason),
+            (
+                Action::Degrade { max_tokens: 256 },
+                Reason::DegradeWorkLimit
+            )
+        );
+        rules.tiers[Tier::Guaranteed.index()].preferred_pool = Pool::Spot;
+        let d = decide(&s, &rules, &req(Tier::Guaranteed, 5000.0, 500));
+        assert_eq!(d.action, Action::Pass);
+        s.pools[1].level = 0.0;
+        let d = decide(&s, &rules, &req(Tier::BestEffort, 5000.0, 300));
+        assert_eq!(d.action, Action::Pass, "no gate at level 0");
+        rules.adaptive.work_gate = false;
+        s.pools[1].level = 0.5;
+        let d = decide(&s, &rules, &req(Tier::BestEffort, 5000.0, 300));
+        assert_eq!(d.action, Action::Pass, "gate off");
     }
 }

@@ -18,6 +18,7 @@ pub mod routing;
 pub mod stability;
 pub mod tenant_policy;
 mod types;
+pub mod work_gate;
 
 pub use reason::Reason;
 pub use types::*;
@@ -90,6 +91,11 @@ impl PolicyEngine {
         let (rules, [od, sp]) = (&self.rules, &mut self.controllers);
         let pools = if rules.spot_is_on_demand {
             let both: Vec<Outcome> = outcomes.concat();
+            let work = signals.inflight_work.zip(spot.inflight_work);
+            let signals = &PoolSignals {
+                inflight_work: work.map(|(a, b)| a + b),
+                ..*signals
+            };
             let one = od.observe(Pool::OnDemand, rules, &rules.adaptive, signals, &both, now);
             [one.clone(), one]
         } else {
@@ -187,6 +193,9 @@ mod tests {
             spot_healthy: true,
             fallback_pool: None,
             ticket: 0,
+            prompt_tokens: 0,
+            max_tokens: None,
+            inflight_work: [0.0; 2],
         }
     }
 

@@ -103,6 +103,8 @@ pub struct PoolSignals {
     pub queue_time_ms: Option<f64>,
     /// Mean of `vllm:time_to_first_token_seconds` over the interval, in ms.
     pub ttft_ms: Option<f64>,
+    /// Sluice's own estimated work in flight on the pool (KV tokens), adaptive mode's gate.
+    pub inflight_work: Option<f64>,
 }
 
 /// One tier's evaluated state after stabilisation.
@@ -158,7 +160,7 @@ impl PolicyState {
 }
 
 /// What the policy needs to know about one request (nothing HTTP-specific).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RequestFacts {
     pub tier: Tier,
     /// POST/PUT/PATCH to a completions endpoint.
@@ -173,6 +175,11 @@ pub struct RequestFacts {
     /// Picks the request's place within a tier's share (adaptive mode sheds, moves or caps a
     /// share of a tier): the same ticket always gets the same answer.
     pub ticket: u64,
+    /// Estimated prompt tokens and the requested completion budget (adaptive mode's work gate).
+    pub prompt_tokens: u64,
+    pub max_tokens: Option<u64>,
+    /// Work in flight now on on-demand and spot (by [`Pool::signal_index`]).
+    pub inflight_work: [f64; 2],
 }
 
 /// The intervention applied to a request.

@@ -104,6 +104,9 @@ async fn decide_and_admit(app: &App, session: &mut Session, ctx: &mut Ctx) -> St
         None
     };
 
+    ctx.prompt_tokens = policy::work_gate::prompt_tokens_of_body(
+        raw.as_ref().map_or(declared.unwrap_or(0), |r| r.len()),
+    );
     app.pools.first_checks(FIRST_CHECKS_WAIT).await;
     let state = app.hub.state();
     let rules = app.hub.rules();
@@ -140,6 +143,18 @@ async fn decide_and_admit(app: &App, session: &mut Session, ctx: &mut Ctx) -> St
     }
     if ctx.pool == Some(Pool::Fallback) && ctx.fallback_index.is_none() {
         ctx.pool = Some(Pool::OnDemand);
+    }
+    if shapeable {
+        if let Some(pool) = super::outcome::controller_pool(app, ctx) {
+            let completion = ctx.applied_max_tokens.and_then(|m| u64::try_from(m).ok());
+            let work = policy::work_gate::work_of(
+                ctx.prompt_tokens,
+                completion,
+                None,
+                rules.adaptive.assumed_max_tokens,
+            );
+            ctx.work = app.hub.charge_work(pool, work as u64);
+        }
     }
     Ok(Ok(()))
 }
@@ -266,6 +281,13 @@ fn decide(
         spot_healthy: app.pools.healthy_count(&app.pools.spot) > 0,
         fallback_pool: fallback.and_then(|i| app.pools.fallbacks[i].runs_on),
         ticket: policy::adaptive::ticket_of(&ctx.request_id),
+        prompt_tokens: ctx.prompt_tokens,
+        max_tokens: ctx
+            .facts
+            .as_ref()
+            .and_then(|f| f.max_tokens)
+            .and_then(|m| u64::try_from(m).ok()),
+        inflight_work: app.hub.inflight_work(),
     };
     let decision = policy::decide(state, rules, &facts);
     ctx.label = decision.action.name();

@@ -62,4 +62,8 @@ pub struct Ctx {
     pub refused_body_drain: (usize, Duration),
     /// Counts this request as active until the context is dropped.
     pub active: Option<crate::lifecycle::ActiveGuard>,
+    /// Estimated prompt tokens (from the body's size), for the work gate.
+    pub prompt_tokens: u64,
+    /// Its work counted in flight on its pool until the context is dropped.
+    pub work: Option<crate::signals::hub::WorkCharge>,
 }

@@ -172,6 +172,23 @@ pub struct SignalHub {
     /// Request outcomes on their way from `logging` to the next tick, by pool index.
     outcomes: (SyncSender<PoolOutcome>, Mutex<Receiver<PoolOutcome>>),
     outcomes_dropped: std::sync::atomic::AtomicU64,
+    /// Estimated KV tokens of the requests this replica has in flight, by pool index.
+    inflight_work: Arc<[std::sync::atomic::AtomicU64; 2]>,
+}
+
+/// A request's share of its pool's work in flight, given back when it is dropped (the request's
+/// context ends however the request does).
+#[derive(Debug)]
+pub struct WorkCharge {
+    counters: Arc<[std::sync::atomic::AtomicU64; 2]>,
+    pool: usize,
+    tokens: u64,
+}
+
+impl Drop for WorkCharge {
+    fn drop(&mut self) {
+        self.counters[self.pool].fetch_sub(self.tokens, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// An outcome and the index of the pool whose controller hears it.
@@ -210,6 +227,7 @@ impl SignalHub {
                 (tx, Mutex::new(rx))
             },
             outcomes_dropped: Default::default(),
+            inflight_work: Default::default(),
         }
     }
 
@@ -257,6 +275,24 @@ impl SignalHub {
             self.outcomes_dropped
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// Counts `tokens` of work in flight on the pool with signal index `pool` until the returned
+    /// charge is dropped.
+    pub fn charge_work(&self, pool: usize, tokens: u64) -> Option<WorkCharge> {
+        let counter = self.inflight_work.get(pool)?;
+        counter.fetch_add(tokens, std::sync::atomic::Ordering::Relaxed);
+        Some(WorkCharge {
+            counters: Arc::clone(&self.inflight_work),
+            pool,
+            tokens,
+        })
+    }
+
+    /// Work in flight now, by pool index.
+    pub fn inflight_work(&self) -> [f64; 2] {
+        let w = |i: usize| self.inflight_work[i].load(std::sync::atomic::Ordering::Relaxed) as f64;
+        [w(0), w(1)]
     }
 
     pub fn outcomes_dropped(&self) -> u64 {
@@ -461,6 +497,7 @@ impl SignalHub {
             sla_violation_rate: self.reading(pool, SignalKind::SlaViolationRate, now).value,
             queue_time_ms: fresh.and_then(|r| r.queue_time_ms),
             ttft_ms: fresh.and_then(|r| r.ttft_ms),
+            inflight_work: Some(self.inflight_work()[pool.index()]),
         }
     }
 
@@ -494,6 +531,20 @@ impl SignalHub {
 mod tests {
     use super::*;
     use crate::policy::PressureState;
+
+    #[test]
+    fn work_in_flight_is_given_back_when_the_request_ends() {
+        let hub = SignalHub::new(Clock::new(), 50, PolicyRules::default());
+        let a = hub.charge_work(1, 600);
+        let b = hub.charge_work(1, 400);
+        assert!(hub.charge_work(2, 1).is_none(), "no such pool");
+        assert_eq!(hub.inflight_work(), [0.0, 1000.0]);
+        assert_eq!(hub.signals(SignalPool::Spot, 0).inflight_work, Some(1000.0));
+        drop(a);
+        assert_eq!(hub.inflight_work(), [0.0, 400.0]);
+        drop(b);
+        assert_eq!(hub.inflight_work(), [0.0, 0.0]);
+    }
 
     #[test]
     fn overrides_win_and_stale_samples_are_unavailable() {
