@@ -2,6 +2,8 @@
 //! `sluice serve` on free ports, each in its own process, and tears them down on drop.
 #![allow(dead_code)]
 
+pub mod pki;
+
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::TcpListener;
