@@ -322,12 +322,7 @@ fn check_names_a_broken_ca_file_and_inconsistent_tls_settings() {
     });
     let (dir, path) = write_config(&good);
     std::fs::copy(pki.join("ca.pem"), dir.join("ca.pem")).unwrap();
-    let out = sluice_check(&path);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_check_ok(&path);
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(&pki);
 }

@@ -190,12 +190,7 @@ fn check_names_a_missing_or_mismatched_certificate() {
     let (dir, path) = write_config(&json!({"listen_tls": [{
         "listen": "127.0.0.1:8443", "cert": pki.join("a.pem"), "key": pki.join("a.key"),
     }]}));
-    let out = sluice_check(&path);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_check_ok(&path);
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(&pki);
 }

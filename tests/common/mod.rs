@@ -178,6 +178,16 @@ pub fn sluice_check(path: &std::path::Path) -> std::process::Output {
         .unwrap()
 }
 
+/// `sluice check` accepts the config at `path`.
+pub fn assert_check_ok(path: &std::path::Path) {
+    let out = sluice_check(path);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn write_config(cfg: &Value) -> (PathBuf, PathBuf) {
     let dir = std::env::temp_dir().join(format!(
         "sluice-test-{}-{}",
