@@ -1,7 +1,8 @@
 //! TLS from Sluice to its backends, against real processes: the simulator behind a TLS front
 //! (this test's own, on rustls) whose certificate a test CA signs. A trusted backend serves
 //! chat, passes its health checks and is scraped; a certificate from another CA or for another
-//! name is refused unless `verify: false`; `sluice check` names a broken CA file.
+//! name is refused unless `verify: false`; an `https://` fallback serves over TLS; `sluice check`
+//! names a broken CA file.
 
 mod common;
 use common::pki::{make_ca, make_leaf};
@@ -246,6 +247,34 @@ async fn a_certificate_for_another_name_is_refused_unless_verify_is_off() {
     assert!(
         warning.is_some_and(|l| l.contains("WARN") && l.contains("pools.on-demand.tls")),
         "verify: false is warned about at start: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_fallback_serves_the_smaller_model_over_tls() {
+    let f = fleet("fallback").await;
+    let small = sim("llama-3-8b", &[]).await;
+    let small_front = tls_front(&f.pki, "server", &small.addr).await;
+    let mut cfg = config(&[&f.od.addr], &[&f.sp.addr]);
+    merge(
+        &mut cfg,
+        json!({"fallbacks": [{"name": "small", "url": format!("https://{}", small_front.addr),
+                              "model": "llama-3-8b", "tls": {"ca_file": f.file("ca.pem")}}]}),
+    );
+    let s = serve(&cfg).await;
+    // Healthy means its TLS health check passed.
+    s.activate_fallback("fallback:small").await;
+    let r = s
+        .chat("coding-assistant", chat_body("llama-3-70b", Some(5)))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-sluice-pool"), "fallback");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["model"], "llama-3-8b", "{body}");
+    assert_eq!(
+        sim_stats(&small).await["received"],
+        1,
+        "it went through the TLS front"
     );
 }
 

@@ -313,6 +313,22 @@ impl Sluice {
         .await
     }
 
+    /// Waits for the fallback `target` (`fallback:NAME`) to be healthy, then holds on-demand's
+    /// pressure above `fallback.pressure_at` until fallback routing is active.
+    pub async fn activate_fallback(&self, target: &str) {
+        wait_for(
+            Duration::from_secs(5),
+            "the fallback backend to be healthy",
+            || async { (self.status().await["fallback"]["target"] == target).then_some(()) },
+        )
+        .await;
+        self.set_signal("/admin/pressure", 87.0).await;
+        wait_for(Duration::from_secs(5), "fallback to activate", || async {
+            (self.status().await["fallback"]["active"] == true).then_some(())
+        })
+        .await;
+    }
+
     pub async fn chat(&self, tenant: &str, body: Value) -> reqwest::Response {
         client()
             .post(self.url("/v1/chat/completions"))
