@@ -5,6 +5,7 @@
 //! Pingora still counts it healthy. Pingora starts every backend healthy; we do not, so a dead
 //! backend is never picked in the window before its first check.
 
+use crate::backend_tls::{BackendTls, UpstreamTls};
 use crate::config::{backend_of_url, Config, HealthCheckConfig, PoolConfig};
 use crate::policy::Pool;
 use async_trait::async_trait;
@@ -36,7 +37,7 @@ pub struct HealthRegistry {
     records: RwLock<HashMap<BackendKey, CheckRecord>>,
 }
 
-/// Backends are TCP addresses (plain HTTP to the fleet); `Display` only for the rare other kind.
+/// Backends are TCP addresses; `Display` only for the rare other kind.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum BackendKey {
     Inet(std::net::SocketAddr),
@@ -75,27 +76,47 @@ impl HealthRegistry {
 
 /// Wraps Pingora's HTTP check to record every result for the health rule and `/status`.
 struct RecordingCheck {
-    inner: HttpHealthCheck,
+    /// One check per server name: Pingora's check takes its TLS settings from one peer
+    /// template, and each TLS backend may have its own SNI. Plain backends use the key "".
+    checks: HashMap<String, HttpHealthCheck>,
+    config: HealthCheckConfig,
     registry: Arc<HealthRegistry>,
 }
 
 #[async_trait]
 impl HealthCheck for RecordingCheck {
     async fn check(&self, target: &Backend) -> pingora::Result<()> {
-        let result = self.inner.check(target).await;
+        let sni = target
+            .ext
+            .get::<Arc<UpstreamTls>>()
+            .map_or("", |t| t.sni.as_str());
+        let result = match self.checks.get(sni) {
+            Some(check) => check.check(target).await,
+            None => pingora::Error::e_explain(
+                pingora::ErrorType::InternalError,
+                "no health check built for this backend",
+            ),
+        };
         self.registry.record(BackendKey::of(target), &result);
         result
     }
 
     async fn health_status_change(&self, target: &Backend, healthy: bool) {
+        // The reason travels with the change, so a TLS or connect failure is readable in the
+        // log without polling /status.
+        let error = self.registry.get(target).last_error.filter(|_| !healthy);
         log::warn!(
             "{}",
-            serde_json::json!({"event": "backend_health", "backend": target.addr.to_string(), "healthy": healthy})
+            serde_json::json!({"event": "backend_health", "backend": target.addr.to_string(), "healthy": healthy, "error": error})
         );
     }
 
     fn health_threshold(&self, success: bool) -> usize {
-        self.inner.health_threshold(success)
+        if success {
+            self.config.consecutive_success
+        } else {
+            self.config.consecutive_failure
+        }
     }
 }
 
@@ -144,11 +165,12 @@ impl PoolSet {
     /// caller registers those with the server.
     pub fn build(
         cfg: &Config,
+        tls: &BackendTls,
     ) -> std::io::Result<(Arc<PoolSet>, Vec<GenBackgroundService<Balancer>>)> {
         let registry = Arc::new(HealthRegistry::default());
         let mut services = Vec::new();
         let mut make = |name: String, pool: Pool, pc: &PoolConfig, model: Option<String>| {
-            let lb = balancer(&pc.backends, &pc.health_check, &registry)?;
+            let lb = balancer(&pc.backends, &pc.health_check, &registry, tls)?;
             let svc = background_service(&format!("health check {name}"), lb);
             let handle = PoolHandle {
                 name,
@@ -169,10 +191,12 @@ impl PoolSet {
         let spot = make("spot".into(), Pool::Spot, &cfg.pools.spot, None)?;
         let mut fallbacks = Vec::new();
         for f in &cfg.fallbacks {
-            let addr = backend_of_url(&f.url).map_err(std::io::Error::other)?;
+            let (addr, _) = backend_of_url(&f.url).map_err(std::io::Error::other)?;
             let pc = PoolConfig {
                 backends: vec![addr],
                 health_check: cfg.pools.on_demand.health_check.clone(),
+                // TLS is looked up per address in `tls`, where the URL's scheme is applied.
+                ..Default::default()
             };
             let mut handle = make(
                 format!("fallback:{}", f.name),
@@ -302,12 +326,57 @@ fn balancer(
     addrs: &[String],
     hc_cfg: &HealthCheckConfig,
     registry: &Arc<HealthRegistry>,
+    tls: &BackendTls,
 ) -> std::io::Result<Balancer> {
-    let mut lb = Balancer::try_from_iter(addrs.iter().map(String::as_str))?;
-    let mut hc = HttpHealthCheck::new("localhost", false);
+    use std::net::ToSocketAddrs;
+    let mut backends = std::collections::BTreeSet::new();
+    let mut checks = HashMap::new();
+    for addr in addrs {
+        let tls = tls.get(addr);
+        let sni = tls.map_or("", |t| t.sni.as_str());
+        if !checks.contains_key(sni) {
+            checks.insert(sni.to_string(), http_check(hc_cfg, tls.map(Arc::as_ref))?);
+        }
+        // A name may resolve to several addresses: each is a backend, as Pingora's own
+        // `try_from_iter` makes them, carrying the name's TLS settings.
+        for sock in addr.to_socket_addrs()? {
+            let mut b = Backend {
+                addr: pingora::protocols::l4::socket::SocketAddr::Inet(sock),
+                weight: 1,
+                ext: Default::default(),
+            };
+            if let Some(t) = tls {
+                b.ext.insert(Arc::clone(t));
+            }
+            backends.insert(b);
+        }
+    }
+    let discovery = pingora::lb::discovery::Static::new(backends);
+    let mut lb = Balancer::from_backends(pingora::lb::Backends::new(discovery));
+    futures_util::FutureExt::now_or_never(lb.update())
+        .ok_or_else(|| std::io::Error::other("static backend list did not load at once"))?
+        .map_err(std::io::Error::other)?;
+    lb.set_health_check(Box::new(RecordingCheck {
+        checks,
+        config: hc_cfg.clone(),
+        registry: Arc::clone(registry),
+    }));
+    lb.health_check_frequency = Some(Duration::from_millis(hc_cfg.interval_ms));
+    lb.parallel_health_check = true;
+    Ok(lb)
+}
+
+/// Pingora's HTTP check of `hc_cfg.path`, over TLS with the backend's settings when it has
+/// them. The `Host` of a TLS check is the server name, which a TLS front may route by.
+fn http_check(
+    hc_cfg: &HealthCheckConfig,
+    tls: Option<&UpstreamTls>,
+) -> std::io::Result<HttpHealthCheck> {
+    let host = tls.map_or("localhost", |t| t.sni.as_str());
+    let mut hc = HttpHealthCheck::new(host, tls.is_some());
     let mut req =
         RequestHeader::build("GET", hc_cfg.path.as_bytes(), None).map_err(std::io::Error::other)?;
-    req.insert_header("Host", "localhost")
+    req.insert_header("Host", host)
         .map_err(std::io::Error::other)?;
     hc.req = req;
     hc.consecutive_success = hc_cfg.consecutive_success;
@@ -315,11 +384,8 @@ fn balancer(
     let timeout = Some(Duration::from_millis(hc_cfg.timeout_ms));
     hc.peer_template.options.connection_timeout = timeout;
     hc.peer_template.options.read_timeout = timeout;
-    lb.set_health_check(Box::new(RecordingCheck {
-        inner: hc,
-        registry: Arc::clone(registry),
-    }));
-    lb.health_check_frequency = Some(Duration::from_millis(hc_cfg.interval_ms));
-    lb.parallel_health_check = true;
-    Ok(lb)
+    if let Some(t) = tls {
+        t.apply(&mut hc.peer_template);
+    }
+    Ok(hc)
 }

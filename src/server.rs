@@ -2,6 +2,7 @@
 //! health-check service per pool, and the signal sampler. `serve` and `demo` both go through
 //! [`build`], so the demo runs exactly what production runs.
 
+use crate::backend_tls::BackendTls;
 use crate::config::Config;
 use crate::decisions::DecisionRing;
 use crate::lifecycle::{DrainService, ReloadService};
@@ -61,8 +62,9 @@ pub fn build(
         cfg.signals.stale_after_ms,
         cfg.policy_rules(),
     ));
+    let backend_tls = BackendTls::load(&cfg)?;
     let (pools, health_services) =
-        PoolSet::build(&cfg).map_err(|e| format!("building pools: {e}"))?;
+        PoolSet::build(&cfg, &backend_tls).map_err(|e| format!("building pools: {e}"))?;
     let (admission, admission_services) = crate::admission::build(&cfg)?;
     let ledger = crate::ledger::build(&cfg, Arc::clone(&hub))?;
     let tls_certs = cfg
@@ -116,7 +118,7 @@ pub fn build(
     if cfg.signals.source.scrapes() {
         server.add_service(background_service(
             "signal sampler",
-            SignalSampler::new(&cfg, Arc::clone(&hub)),
+            SignalSampler::new(&cfg, Arc::clone(&hub), &backend_tls),
         ));
     }
     server.add_services(crate::signals::prometheus::services(&cfg, hub));

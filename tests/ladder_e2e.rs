@@ -155,21 +155,7 @@ async fn fallback_after_sustained_pressure_and_back_after_recovery() {
         json!({"fallbacks": [{"name": "small", "url": format!("http://{}", small.addr), "model": "llama-3-8b"}]}),
     );
     let s = serve(&cfg).await;
-    wait_for(
-        Duration::from_secs(5),
-        "the fallback backend to be healthy",
-        || async {
-            let st = s.status().await;
-            (st["fallback"]["target"] == "fallback:small").then_some(())
-        },
-    )
-    .await;
-
-    s.set_signal("/admin/pressure", 87.0).await;
-    wait_for(Duration::from_secs(5), "fallback to activate", || async {
-        (s.status().await["fallback"]["active"] == true).then_some(())
-    })
-    .await;
+    s.activate_fallback("fallback:small").await;
     let r = s
         .chat("coding-assistant", chat_body("llama-3-70b", Some(50)))
         .await;

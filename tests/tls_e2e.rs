@@ -3,104 +3,12 @@
 //! checks over TLS, a renewed certificate picked up on SIGHUP, a broken one refused.
 
 mod common;
+use common::pki::{make_ca, make_leaf};
 use common::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl on PATH");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A test CA in `dir` (ca.pem, ca.key).
-fn make_ca(dir: &Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=sluice-test-ca",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign",
-        ],
-    );
-}
-
-/// A server certificate for localhost / 127.0.0.1 signed by the CA, as `{name}.pem` and
-/// `{name}.key`.
-fn make_leaf(dir: &Path, name: &str) {
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    let (key, csr, pem) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.pem"),
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            "/CN=localhost",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &pem,
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
-}
 
 /// The serial number of the certificate the server presents, via Python's ssl module
 /// (verifying against the test CA).
@@ -282,12 +190,7 @@ fn check_names_a_missing_or_mismatched_certificate() {
     let (dir, path) = write_config(&json!({"listen_tls": [{
         "listen": "127.0.0.1:8443", "cert": pki.join("a.pem"), "key": pki.join("a.key"),
     }]}));
-    let out = sluice_check(&path);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_check_ok(&path);
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(&pki);
 }

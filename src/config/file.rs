@@ -148,13 +148,43 @@ pub struct PoolConfig {
     /// `host:port` of each OpenAI-compatible backend (vLLM).
     pub backends: Vec<String>,
     pub health_check: HealthCheckConfig,
+    /// TLS to every backend of the pool (off by default).
+    pub tls: BackendTlsConfig,
 }
 
 impl PoolConfig {
     pub fn with_backend(addr: &str) -> Self {
         Self {
             backends: vec![addr.into()],
-            health_check: HealthCheckConfig::default(),
+            ..Default::default()
+        }
+    }
+}
+
+/// `pools.<pool>.tls` and `fallbacks[].tls`: TLS from Sluice to a backend. Proxied requests,
+/// health checks and the `/metrics` scrape all use it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackendTlsConfig {
+    /// For a fallback, its `https://` URL turns TLS on.
+    pub enabled: bool,
+    /// The server name sent and verified; default each backend's host part.
+    pub sni: Option<String>,
+    /// PEM bundle of the CAs to trust instead of the system's roots; relative to the config's
+    /// directory.
+    pub ca_file: Option<PathBuf>,
+    /// Check the certificate chain and that it names `sni`. Off only for testing: anyone on
+    /// the path could then read prompts and answers.
+    pub verify: bool,
+}
+
+impl Default for BackendTlsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            sni: None,
+            ca_file: None,
+            verify: true,
         }
     }
 }
@@ -182,15 +212,86 @@ impl Default for HealthCheckConfig {
     }
 }
 
+impl BackendTlsConfig {
+    /// The name sent as SNI to `addr` (`host:port`) and checked in its certificate: `sni`, or
+    /// the host part (an IPv6 host without its brackets).
+    pub fn server_name(&self, addr: &str) -> String {
+        match &self.sni {
+            Some(sni) => sni.clone(),
+            None => {
+                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                host.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_string()
+            }
+        }
+    }
+}
+
+/// One backend address as Sluice reaches it, with the keys that name it in messages.
+#[derive(Debug, Clone)]
+pub struct BackendTarget {
+    /// `host:port`.
+    pub addr: String,
+    /// `pools.spot.backends[1]`, `fallbacks[0].url`.
+    pub addr_key: String,
+    /// `pools.spot.tls`, `fallbacks[0].tls`.
+    pub tls_key: String,
+    /// With `enabled` set for an `https://` fallback.
+    pub tls: BackendTlsConfig,
+}
+
+impl Config {
+    /// Every backend of the pools and fallbacks, in config order (an address may repeat).
+    /// A fallback whose URL does not parse is left out: validation reports it.
+    pub fn backend_targets(&self) -> Vec<BackendTarget> {
+        let pools = [
+            ("pools.on-demand", &self.pools.on_demand),
+            ("pools.spot", &self.pools.spot),
+        ];
+        let mut out: Vec<BackendTarget> = pools
+            .iter()
+            .flat_map(|(base, p)| {
+                p.backends
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, b)| BackendTarget {
+                        addr: b.clone(),
+                        addr_key: format!("{base}.backends[{i}]"),
+                        tls_key: format!("{base}.tls"),
+                        tls: p.tls.clone(),
+                    })
+            })
+            .collect();
+        for (i, f) in self.fallbacks.iter().enumerate() {
+            let Ok((addr, https)) = super::validate::backend_of_url(&f.url) else {
+                continue;
+            };
+            let mut tls = f.tls.clone();
+            tls.enabled |= https;
+            out.push(BackendTarget {
+                addr,
+                addr_key: format!("fallbacks[{i}].url"),
+                tls_key: format!("fallbacks[{i}].tls"),
+                tls,
+            });
+        }
+        out
+    }
+}
+
 /// A smaller model on its own backend, used under sustained pressure. The first healthy one in
 /// list order is used.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FallbackTarget {
     pub name: String,
-    /// `http://host:port` of the backend serving `model`.
+    /// `http://host:port` or `https://host:port` of the backend serving `model`.
     pub url: String,
     pub model: String,
+    /// SNI, CA and verification for an `https://` URL.
+    #[serde(default)]
+    pub tls: BackendTlsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -709,7 +810,9 @@ pub(super) fn policy_rules(cfg: &Config) -> PolicyRules {
         fallback_capacity: match cfg.fallbacks.first() {
             None => FallbackCapacity::None,
             Some(f) => {
-                let addr = super::validate::backend_of_url(&f.url).unwrap_or_default();
+                let addr = super::validate::backend_of_url(&f.url)
+                    .map(|(addr, _)| addr)
+                    .unwrap_or_default();
                 if cfg.pools.on_demand.backends.contains(&addr) {
                     FallbackCapacity::On(Pool::OnDemand)
                 } else if cfg.pools.spot.backends.contains(&addr) {

@@ -69,11 +69,17 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let mut cfg: Config = serde_yaml::from_str(text).map_err(|e| yaml_error(label, &e))?;
         cfg.source = label.to_string();
-        for l in &mut cfg.listen_tls {
-            for path in [&mut l.cert, &mut l.key] {
-                if path.is_relative() {
-                    *path = dir.join(&*path);
-                }
+        let ca_files = [&mut cfg.pools.on_demand.tls, &mut cfg.pools.spot.tls]
+            .into_iter()
+            .chain(cfg.fallbacks.iter_mut().map(|f| &mut f.tls))
+            .filter_map(|t| t.ca_file.as_mut());
+        let listener_files = cfg
+            .listen_tls
+            .iter_mut()
+            .flat_map(|l| [&mut l.cert, &mut l.key]);
+        for path in listener_files.chain(ca_files) {
+            if path.is_relative() {
+                *path = dir.join(&*path);
             }
         }
         if let Some(rel) = cfg.tenants_file.clone() {

@@ -1,9 +1,10 @@
 //! One pass over a parsed config that reports the first problem with its file, key and reason.
 
-use super::{Config, ConfigError, HealthCheckConfig, PoolConfig};
+use super::{BackendTlsConfig, Config, ConfigError, HealthCheckConfig, PoolConfig};
 use crate::policy::Tier;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     let file = c.source.as_str();
@@ -62,6 +63,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
             return err(&format!("{key}.url"), reason);
         }
     }
+    backend_tls(c)?;
 
     let s = &c.signals;
     if s.scrape_interval_ms == 0 || s.scrape_timeout_ms == 0 {
@@ -408,14 +410,14 @@ fn telemetry(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `http://host[:port][/path-prefix]`. Plain HTTP only: Sluice is built without TLS.
+/// `http://host[:port][/path-prefix]`. Plain HTTP only: Prometheus is queried inside the cluster.
 fn prometheus_url(url: &str) -> Result<(), String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
     if uri.scheme_str() != Some("http") {
         return Err(format!(
-            "{url:?} must start with http:// (Sluice is built without TLS)"
+            "{url:?} must start with http:// (Prometheus is queried over plain HTTP)"
         ));
     }
     if uri.host().is_none_or(str::is_empty) {
@@ -478,18 +480,87 @@ fn host_port(s: &str) -> Result<(), String> {
     }
 }
 
-/// `http://host:port[/]` → `host:port`. Only plain HTTP: Sluice talks to backends inside the
-/// cluster and is built without TLS.
-pub fn backend_of_url(url: &str) -> Result<String, String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{url:?} must start with http://"))?;
+/// `http://host:port[/]` → (`host:port`, false); `https://…` → (…, true), TLS on.
+pub fn backend_of_url(url: &str) -> Result<(String, bool), String> {
+    let (rest, tls) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(rest), _) => (rest, false),
+        (_, Some(rest)) => (rest, true),
+        _ => return Err(format!("{url:?} must start with http:// or https://")),
+    };
     let hostport = rest.trim_end_matches('/');
     if hostport.contains('/') {
         return Err(format!("{url:?} must not have a path"));
     }
     host_port(hostport)?;
-    Ok(hostport.to_string())
+    Ok((hostport.to_string(), tls))
+}
+
+/// The TLS blocks of pools and fallbacks. One address takes one TLS setting wherever it is
+/// listed: Pingora pools upstream connections per address and SNI (not per CA), and health
+/// is recorded per address, so two settings would share connections and results.
+fn backend_tls(c: &Config) -> Result<(), ConfigError> {
+    let err = |key: &str, reason: String| Err(ConfigError::new(&c.source, key, reason));
+    let mut checked = HashSet::new();
+    // Server name, CA file and verify of a TLS address; `None` for plain HTTP.
+    type Setting<'a> = Option<(String, Option<&'a PathBuf>, bool)>;
+    let mut first: HashMap<&str, (&str, Setting)> = HashMap::new();
+    let targets = c.backend_targets();
+    for t in &targets {
+        let tls = &t.tls;
+        let setting = tls
+            .enabled
+            .then(|| (tls.server_name(&t.addr), tls.ca_file.as_ref(), tls.verify));
+        match first.get(t.addr.as_str()) {
+            Some((key, s)) if *s != setting => {
+                return err(
+                    &t.tls_key,
+                    format!(
+                        "backend {} is also in {key} with other TLS settings; one address takes one setting",
+                        t.addr
+                    ),
+                )
+            }
+            Some(_) => {}
+            None => {
+                first.insert(&t.addr, (&t.tls_key, setting));
+            }
+        }
+        if !tls.enabled {
+            if *tls != BackendTlsConfig::default() {
+                let hint = if t.tls_key.starts_with("fallbacks") {
+                    "the url is http://: write https:// to use TLS"
+                } else {
+                    "set enabled: true to use TLS, or remove sni, ca_file and verify"
+                };
+                return err(&format!("{}.enabled", t.tls_key), hint.into());
+            }
+            continue;
+        }
+        let name = tls.server_name(&t.addr);
+        if pingora::tls::ServerName::try_from(name.as_str()).is_err() {
+            return match &tls.sni {
+                Some(_) => err(
+                    &format!("{}.sni", t.tls_key),
+                    format!("{name:?} is not a DNS name or IP address"),
+                ),
+                None => err(
+                    &t.addr_key,
+                    format!(
+                        "host {name:?} is not a TLS server name; set {}.sni",
+                        t.tls_key
+                    ),
+                ),
+            };
+        }
+        if let Some(path) = &tls.ca_file {
+            if checked.insert(path) {
+                if let Err(reason) = crate::backend_tls::read_ca(path) {
+                    return err(&format!("{}.ca_file", t.tls_key), reason);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `database_url` and the `ledger:` knobs. The schema becomes an unquoted identifier in SQL and

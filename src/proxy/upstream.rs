@@ -4,9 +4,11 @@
 
 use super::ctx::Ctx;
 use super::App;
+use crate::backend_tls::UpstreamTls;
 use crate::policy::{Pool, Reason};
 use pingora::prelude::*;
 use pingora::upstreams::peer::Peer;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
@@ -38,7 +40,11 @@ pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result
     ctx.pool = Some(pool);
     ctx.backend = Some(backend.addr.to_string());
     let limits = &app.config.load().limits;
+    let tls = backend.ext.get::<Arc<UpstreamTls>>().cloned();
     let mut peer = HttpPeer::new(backend, false, String::new());
+    if let Some(tls) = tls {
+        tls.apply(&mut peer);
+    }
     peer.options.connection_timeout =
         Some(Duration::from_millis(limits.upstream_connect_timeout_ms));
     peer.options.total_connection_timeout = Some(Duration::from_millis(

@@ -2,6 +2,8 @@
 //! `sluice serve` on free ports, each in its own process, and tears them down on drop.
 #![allow(dead_code)]
 
+pub mod pki;
+
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -176,6 +178,16 @@ pub fn sluice_check(path: &std::path::Path) -> std::process::Output {
         .unwrap()
 }
 
+/// `sluice check` accepts the config at `path`.
+pub fn assert_check_ok(path: &std::path::Path) {
+    let out = sluice_check(path);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn write_config(cfg: &Value) -> (PathBuf, PathBuf) {
     let dir = std::env::temp_dir().join(format!(
         "sluice-test-{}-{}",
@@ -299,6 +311,22 @@ impl Sluice {
             || async { (self.tier(tier).await["state"] == state).then_some(()) },
         )
         .await
+    }
+
+    /// Waits for the fallback `target` (`fallback:NAME`) to be healthy, then holds on-demand's
+    /// pressure above `fallback.pressure_at` until fallback routing is active.
+    pub async fn activate_fallback(&self, target: &str) {
+        wait_for(
+            Duration::from_secs(5),
+            "the fallback backend to be healthy",
+            || async { (self.status().await["fallback"]["target"] == target).then_some(()) },
+        )
+        .await;
+        self.set_signal("/admin/pressure", 87.0).await;
+        wait_for(Duration::from_secs(5), "fallback to activate", || async {
+            (self.status().await["fallback"]["active"] == true).then_some(())
+        })
+        .await;
     }
 
     pub async fn chat(&self, tenant: &str, body: Value) -> reqwest::Response {
