@@ -163,6 +163,8 @@ struct Inner {
     fail_open_inflight: AtomicU64,
     reclaimed_total: AtomicU64,
     lost_total: AtomicU64,
+    /// Slots given back, on their way to the release batcher (started on first use).
+    releases: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<(Tier, String)>>,
 }
 
 /// The distributed coordinator. Cheap to clone; clones share state.
@@ -213,6 +215,7 @@ impl RedisAdmission {
                 fail_open_inflight: AtomicU64::new(0),
                 reclaimed_total: AtomicU64::new(0),
                 lost_total: AtomicU64::new(0),
+                releases: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -306,21 +309,30 @@ impl Inner {
 
     /// Runs a script, bounded by the op timeout; every outcome updates reachability.
     async fn call<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Result<T, String> {
+        self.bounded(|mut conn| async move { inv.invoke_async(&mut conn).await })
+            .await
+    }
+
+    /// Runs `op` on the shared connection, bounded by the op timeout; every outcome updates
+    /// reachability.
+    async fn bounded<T, F, Fut>(&self, op: F) -> Result<T, String>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
         let Some(conn) = self.conn.load_full() else {
             let e = "not connected".to_string();
             self.mark_unreachable(&e);
             return Err(e);
         };
-        let mut conn = ConnectionManager::clone(&conn);
+        let conn = ConnectionManager::clone(&conn);
         let attempt = async {
-            match inv.invoke_async(&mut conn).await {
+            match op(conn.clone()).await {
                 // After an outage the manager hands the first caller its last failed reconnect
                 // (made while Redis was down) and only then reconnects; one retry, inside the
                 // same timeout, reaches the restarted server. Every script is idempotent per
                 // member id, so a retry never takes a second slot.
-                Err(e) if e.is_io_error() || e.is_connection_refusal() => {
-                    inv.invoke_async(&mut conn).await
-                }
+                Err(e) if e.is_io_error() || e.is_connection_refusal() => op(conn).await,
                 out => out,
             }
         };
@@ -464,6 +476,47 @@ impl Inner {
         let _ = self.call::<i64>(&inv).await;
     }
 
+    /// Gives a slot back through the release batcher: releases that come while one batch is on
+    /// the wire leave together in the next (one round trip for all of them, and no added wait
+    /// when only one is pending). A release is `ZREM`, as in `release.lua`: giving back a
+    /// lease that was already reclaimed is a no-op.
+    fn queue_release(self: &Arc<Self>, tier: Tier, member: String) {
+        let tx = self.releases.get_or_init(|| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            match Handle::try_current() {
+                Ok(h) => {
+                    h.spawn(release_batches(Arc::downgrade(self), rx));
+                }
+                Err(_) => log::debug!("no runtime for the release batcher; leases will expire"),
+            }
+            tx
+        });
+        // A closed batcher (its runtime ended) leaves the lease to expire.
+        let _ = tx.send((tier, member));
+    }
+
+    async fn release_many(&self, batch: &[(Tier, String)]) {
+        let mut pipe = redis::pipe();
+        for tier in Tier::ALL {
+            let members: Vec<&str> = batch
+                .iter()
+                .filter(|(t, _)| *t == tier)
+                .map(|(_, m)| m.as_str())
+                .collect();
+            if !members.is_empty() {
+                pipe.cmd("ZREM")
+                    .arg(&self.keys[tier.index()].slots)
+                    .arg(members)
+                    .ignore();
+            }
+        }
+        let pipe = &pipe;
+        // On failure the leases, no longer renewed, expire by themselves.
+        let _ = self
+            .bounded(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
+            .await;
+    }
+
     async fn leave(&self, tier: Tier, waiter: &str) {
         let k = &self.keys[tier.index()];
         let mut inv = SCRIPTS.leave.prepare_invoke();
@@ -496,16 +549,9 @@ impl Pending {
         let inner = Arc::clone(&self.inner);
         let tier = self.tier;
         inner.held(tier).insert(member.clone());
-        // Drop is sync: the release is spawned on the runtime that admitted the request.
-        let handle = Handle::try_current().ok();
         Slot::new(move || {
             inner.held(tier).remove(&member);
-            match handle {
-                Some(h) => {
-                    h.spawn(async move { inner.release(tier, &member).await });
-                }
-                None => log::debug!("no runtime to release {member}; its lease will expire"),
-            }
+            inner.queue_release(tier, member);
         })
     }
 }
@@ -530,6 +576,25 @@ impl Drop for Pending {
                 inner.release(tier, &m).await;
             }
         });
+    }
+}
+
+/// Most releases a batch carries, so one round trip stays short however many pile up.
+const RELEASE_BATCH_MAX: usize = 512;
+
+/// The release batcher: waits for one release, takes whatever else is already queued, sends
+/// them in one pipeline, repeats. Ends when the coordinator is dropped.
+async fn release_batches(
+    inner: std::sync::Weak<Inner>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<(Tier, String)>,
+) {
+    let mut batch = Vec::new();
+    while rx.recv_many(&mut batch, RELEASE_BATCH_MAX).await > 0 {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        inner.release_many(&batch).await;
+        batch.clear();
     }
 }
 

@@ -45,10 +45,13 @@ pub async fn handle(app: &App, session: &mut Session, ctx: &mut Ctx) -> Result<(
         "/readyz" => {
             let healthy = app.pools.healthy_count(&app.pools.on_demand);
             let draining = *app.draining.borrow();
-            let ready = healthy > 0 && !draining;
+            // Before the first policy sample every decision would fail open: not ready yet.
+            let sampled = app.hub.sampled();
+            let ready = healthy > 0 && !draining && sampled;
             let body = json!({
                 "ready": ready,
                 "draining": draining,
+                "signals_sampled": sampled,
                 "on_demand_healthy_backends": healthy,
                 "coordinator": app.admission.kind(),
             });

@@ -2,9 +2,9 @@
 
 use super::prometheus::PrometheusHealth;
 use super::vllm_text::Histogram;
-use crate::policy::adaptive::Outcome;
+use crate::policy::adaptive::{ladder, Outcome, PoolControl};
 use crate::policy::tenant_policy::PolicyRules;
-use crate::policy::{Millis, PolicyEngine, PolicyState, PoolSignals, SignalKind};
+use crate::policy::{Millis, PolicyEngine, PolicyState, Pool, PoolSignals, SignalKind};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use serde::Serialize;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -174,6 +174,8 @@ pub struct SignalHub {
     outcomes_dropped: std::sync::atomic::AtomicU64,
     /// Estimated KV tokens of the requests this replica has in flight, by pool index.
     inflight_work: Arc<[std::sync::atomic::AtomicU64; 2]>,
+    /// The policy has had its first sample (readiness waits for it).
+    sampled: std::sync::atomic::AtomicBool,
 }
 
 /// A request's share of its pool's work in flight, given back when it is dropped (the request's
@@ -213,13 +215,19 @@ impl SignalHub {
             external: Mutex::new([None, None, None]),
             polled: Mutex::new([None, None, None]),
         };
+        // The ladders are known from the rules alone: `/status` shows them before the first
+        // sample instead of an empty list.
+        let initial = PolicyState {
+            pools: [Pool::OnDemand, Pool::Spot].map(|p| PoolControl::idle(ladder(&rules, p))),
+            ..PolicyState::initial()
+        };
         Self {
             clock,
             stale_after_ms,
             pools: [cell(), cell()],
             rules: ArcSwap::from_pointee(rules.clone()),
             engine: Mutex::new(PolicyEngine::new(rules)),
-            state: ArcSwap::from_pointee(PolicyState::initial()),
+            state: ArcSwap::from_pointee(initial),
             prometheus: ArcSwapOption::empty(),
             source: OnceLock::new(),
             outcomes: {
@@ -228,7 +236,13 @@ impl SignalHub {
             },
             outcomes_dropped: Default::default(),
             inflight_work: Default::default(),
+            sampled: Default::default(),
         }
+    }
+
+    /// Whether the policy has had a sample: before it, every decision fails open.
+    pub fn sampled(&self) -> bool {
+        self.sampled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn clock(&self) -> Clock {
@@ -523,6 +537,8 @@ impl SignalHub {
             now,
         ));
         self.state.store(Arc::clone(&state));
+        self.sampled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         state
     }
 }
