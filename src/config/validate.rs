@@ -241,27 +241,26 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
             ),
         );
     }
-    for (name, v) in [
-        ("max_step_up", a.max_step_up),
-        ("min_step_up", a.min_step_up),
-        ("step_down", a.step_down),
+    // Each in (0, max], with what its unit is.
+    for (name, v, max, unit) in [
+        ("max_step_up", a.max_step_up, 10.0, "steps per sample"),
+        ("min_step_up", a.min_step_up, 10.0, "steps per sample"),
+        ("step_down", a.step_down, 10.0, "steps per sample"),
+        (
+            "work_share_standard",
+            a.work_share_standard,
+            2.0,
+            "(a share of the work limit)",
+        ),
+        (
+            "work_share_best_effort",
+            a.work_share_best_effort,
+            2.0,
+            "(a share of the work limit)",
+        ),
     ] {
-        if !(v.is_finite() && v > 0.0 && v <= 10.0) {
-            return err(
-                &key(name),
-                format!("{v} is outside (0, 10] steps per sample"),
-            );
-        }
-    }
-    for (name, v) in [
-        ("work_share_standard", a.work_share_standard),
-        ("work_share_best_effort", a.work_share_best_effort),
-    ] {
-        if !(v.is_finite() && v > 0.0 && v <= 2.0) {
-            return err(
-                &key(name),
-                format!("{v} is outside (0, 2] (a share of the work limit)"),
-            );
+        if !(v.is_finite() && v > 0.0 && v <= max) {
+            return err(&key(name), format!("{v} is outside (0, {max}] {unit}"));
         }
     }
     if a.work_share_best_effort > a.work_share_standard {

@@ -81,14 +81,12 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
             .fallback_pool
             .and_then(Pool::signal_index)
             .is_none_or(|i| !state.pools[i].saturated);
-    if u < shares.fallback && fallback_usable {
+    let to_fallback = |reason| {
         let action = Action::Fallback { max_tokens: cap };
-        return decision(
-            action,
-            Reason::FallbackHeadroom,
-            Pool::Fallback,
-            Reason::RouteFallback,
-        );
+        decision(action, reason, Pool::Fallback, Reason::RouteFallback)
+    };
+    if u < shares.fallback && fallback_usable {
+        return to_fallback(Reason::FallbackHeadroom);
     }
     // The work gate: what the level lets through must still fit the tier's share of the
     // pool's learned work limit.
@@ -112,13 +110,7 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
             return decision(action, Reason::DegradeWorkLimit, pool, route_reason);
         }
         if fallback_usable && tier.fallback_eligible && rules.fallback_relieves(pool) {
-            let action = Action::Fallback { max_tokens: cap };
-            return decision(
-                action,
-                Reason::FallbackWorkLimit,
-                Pool::Fallback,
-                Reason::RouteFallback,
-            );
+            return to_fallback(Reason::FallbackWorkLimit);
         }
         return decision(Action::Reject, Reason::RejectWorkLimit, pool, route_reason);
     }
