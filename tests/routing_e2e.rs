@@ -82,6 +82,20 @@ async fn no_healthy_backend_answers_503() {
         (r.status() == 503).then_some(())
     })
     .await;
+    // Readiness follows on-demand only; spot's own check may fail a moment later.
+    wait_for(
+        Duration::from_secs(5),
+        "every pool to turn unhealthy",
+        || async {
+            let st = s.status().await;
+            let pools = st["pools"].as_array()?.clone();
+            pools
+                .iter()
+                .all(|p| p["healthy_backends"] == 0)
+                .then_some(())
+        },
+    )
+    .await;
     for tenant in ["support-bot", "batch-analytics"] {
         let r = s.chat(tenant, chat_body("llama-3-70b", Some(5))).await;
         assert_eq!(r.status(), 503);
