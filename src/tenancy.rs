@@ -2,7 +2,7 @@
 //! or `X-Tenant-ID`, mapped to a tier. A client cannot promote itself: when keys are required the
 //! header is ignored, and a key that is presented but unknown is refused rather than downgraded.
 
-use crate::config::Config;
+use crate::config::{Config, QuotaConfig};
 use crate::policy::{Reason, Tier};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -11,16 +11,27 @@ use std::collections::HashMap;
 pub const ANONYMOUS: &str = "anonymous";
 const MAX_TENANT_LEN: usize = 128;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Identity {
     pub tenant: String,
     pub tier: Tier,
     pub via_api_key: bool,
+    /// Share of a contended tier (`tenants.<name>.weight`; 1 for unknown tenants).
+    pub weight: f64,
+    pub quota: Option<QuotaConfig>,
+}
+
+/// What the directory knows of a configured tenant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Known {
+    tier: Tier,
+    weight: f64,
+    quota: Option<QuotaConfig>,
 }
 
 #[derive(Debug, Clone)]
 pub struct TenantDirectory {
-    tiers: HashMap<String, Tier>,
+    tiers: HashMap<String, Known>,
     keys: Vec<([u8; 32], String)>,
     require_key: bool,
     /// `None` = unknown tenants are refused.
@@ -33,7 +44,14 @@ impl TenantDirectory {
         let tiers = cfg
             .tenants
             .iter()
-            .filter_map(|(name, tier)| Some((name.clone(), Tier::parse(tier)?)))
+            .filter_map(|(name, t)| {
+                let known = Known {
+                    tier: Tier::parse(&t.tier)?,
+                    weight: t.weight,
+                    quota: t.quota,
+                };
+                Some((name.clone(), known))
+            })
             .collect();
         let keys = cfg
             .api_keys
@@ -68,16 +86,12 @@ impl TenantDirectory {
             .filter(|_| !self.keys.is_empty());
         if let Some(key) = bearer {
             let tenant = self.match_key(key).ok_or(Reason::InvalidApiKey)?;
-            let tier = self
+            let known = self
                 .tiers
                 .get(tenant)
                 .copied()
                 .ok_or(Reason::InvalidApiKey)?;
-            return Ok(Identity {
-                tenant: tenant.to_string(),
-                tier,
-                via_api_key: true,
-            });
+            return Ok(known.identity(tenant, true));
         }
         if self.require_key {
             return Err(Reason::MissingApiKey);
@@ -86,19 +100,16 @@ impl TenantDirectory {
             Some(raw) => Some(valid_tenant(raw).ok_or(Reason::InvalidTenantHeader)?),
             None => None,
         };
-        if let Some(tier) = name.and_then(|n| self.tiers.get(n)) {
-            return Ok(Identity {
-                tenant: name.unwrap_or(ANONYMOUS).to_string(),
-                tier: *tier,
-                via_api_key: false,
-            });
+        if let Some((name, known)) = name.and_then(|n| Some((n, self.tiers.get(n)?))) {
+            return Ok(known.identity(name, false));
         }
         let tier = self.unknown_tier.ok_or(Reason::UnknownTenant)?;
-        Ok(Identity {
-            tenant: name.unwrap_or(ANONYMOUS).to_string(),
+        let known = Known {
             tier,
-            via_api_key: false,
-        })
+            weight: 1.0,
+            quota: None,
+        };
+        Ok(known.identity(name.unwrap_or(ANONYMOUS), false))
     }
 
     /// Compares against every key without an early exit, so timing reveals neither which key
@@ -116,6 +127,18 @@ impl TenantDirectory {
             }
         }
         found
+    }
+}
+
+impl Known {
+    fn identity(&self, tenant: &str, via_api_key: bool) -> Identity {
+        Identity {
+            tenant: tenant.to_string(),
+            tier: self.tier,
+            via_api_key,
+            weight: self.weight,
+            quota: self.quota,
+        }
     }
 }
 

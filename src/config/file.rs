@@ -24,7 +24,7 @@ pub struct Config {
     /// A file in the seed's shape (`tenants: {name: Tier}`, optional `api_keys`), relative to
     /// this config's directory.
     pub tenants_file: Option<PathBuf>,
-    pub tenants: BTreeMap<String, String>,
+    pub tenants: BTreeMap<String, TenantEntry>,
     pub api_keys: Vec<ApiKey>,
     pub auth: AuthConfig,
     pub pools: PoolsConfig,
@@ -92,8 +92,79 @@ impl Default for Config {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenantsFile {
-    pub tenants: BTreeMap<String, String>,
+    pub tenants: BTreeMap<String, TenantEntry>,
     pub api_keys: Vec<ApiKey>,
+}
+
+/// One tenant: the prototype's `name: Tier`, or `name: {tier, weight, quota}` for its share of
+/// a contended tier and its budget.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantEntry {
+    pub tier: String,
+    /// Share of a contended tier relative to the other tenants queued in it (default 1).
+    pub weight: f64,
+    pub quota: Option<QuotaConfig>,
+}
+
+impl TenantEntry {
+    pub fn of_tier(tier: &str) -> Self {
+        Self {
+            tier: tier.to_string(),
+            weight: 1.0,
+            quota: None,
+        }
+    }
+}
+
+impl From<&str> for TenantEntry {
+    fn from(tier: &str) -> Self {
+        Self::of_tier(tier)
+    }
+}
+
+/// A tenant's budget. Over it, the tenant is served as the next lower tier (refused only where
+/// that tier refuses); a budget left out is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// Prompt tokens (estimated at admission) plus completion tokens (from the response's usage).
+    pub tokens_per_minute: Option<u64>,
+    pub requests_per_minute: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantDetail {
+    tier: String,
+    #[serde(default = "one")]
+    weight: f64,
+    #[serde(default)]
+    quota: Option<QuotaConfig>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl<'de> Deserialize<'de> for TenantEntry {
+    /// A plain string keeps the prototype's files valid; a mapping must name its tier and may
+    /// add only the known keys, so a typo fails with the key's name rather than "no variant".
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match serde_yaml::Value::deserialize(d)? {
+            serde_yaml::Value::String(tier) => Ok(Self::of_tier(&tier)),
+            v @ serde_yaml::Value::Mapping(_) => {
+                let t: TenantDetail = serde_yaml::from_value(v).map_err(serde::de::Error::custom)?;
+                Ok(Self {
+                    tier: t.tier,
+                    weight: t.weight,
+                    quota: t.quota,
+                })
+            }
+            _ => Err(serde::de::Error::custom(
+                "a tenant is a tier name or a mapping {tier, weight, quota}",
+            )),
+        }
+    }
 }
 
 /// An API key, stored only as the SHA-256 of the key (hex).

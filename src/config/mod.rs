@@ -102,8 +102,8 @@ impl Config {
             };
             let tf: TenantsFile =
                 serde_yaml::from_str(&ttext).map_err(|e| yaml_error(&tlabel, &e))?;
-            for (name, tier) in tf.tenants {
-                cfg.tenants.entry(name).or_insert(tier);
+            for (name, entry) in tf.tenants {
+                cfg.tenants.entry(name).or_insert(entry);
             }
             cfg.api_keys.extend(tf.api_keys);
             cfg.tenants_source = tlabel;

@@ -158,13 +158,37 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     }
 
     let tfile = c.tenants_source.as_str();
-    for (name, tier) in &c.tenants {
-        if Tier::parse(tier).is_none() {
+    for (name, t) in &c.tenants {
+        if Tier::parse(&t.tier).is_none() {
             return Err(ConfigError::new(
                 tfile,
                 format!("tenants.{name}"),
-                format!("{tier:?} is not a tier (Guaranteed, Standard, Best-Effort)"),
+                format!(
+                    "{:?} is not a tier (Guaranteed, Standard, Best-Effort)",
+                    t.tier
+                ),
             ));
+        }
+        if !(t.weight.is_finite() && (0.01..=1000.0).contains(&t.weight)) {
+            return Err(ConfigError::new(
+                tfile,
+                format!("tenants.{name}.weight"),
+                format!("{} must be between 0.01 and 1000", t.weight),
+            ));
+        }
+        if let Some(q) = &t.quota {
+            for (key, v) in [
+                ("tokens_per_minute", q.tokens_per_minute),
+                ("requests_per_minute", q.requests_per_minute),
+            ] {
+                if v == Some(0) {
+                    return Err(ConfigError::new(
+                        tfile,
+                        format!("tenants.{name}.quota.{key}"),
+                        "must be at least 1 (leave it out for no limit)",
+                    ));
+                }
+            }
         }
     }
     for (i, k) in c.api_keys.iter().enumerate() {
