@@ -41,6 +41,7 @@ impl NsExt for Ns {
             op_timeout: Duration::from_millis(op_ms),
             replica: replica.into(),
             capacities: [0; 3],
+            fair_share: Default::default(),
         })
         .unwrap();
         a.connect().await.unwrap();
@@ -199,6 +200,23 @@ async fn queue_bound_holds_across_coordinators_and_timed_out_entries_are_removed
         .arg(&deadlines)
         .arg(secs * 1000 + micros / 1000 + 300)
         .arg("dead:q1")
+        .query(&mut c)
+        .unwrap();
+    // Its tenant's own queue and place among the waiting tenants, as enqueue.lua left them.
+    let base = format!("{}:Standard", ns.prefix);
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg(format!("{base}:wt"))
+        .arg("dead:q1")
+        .arg("ghost")
+        .cmd("ZADD")
+        .arg(format!("{base}:tq:ghost"))
+        .arg(0)
+        .arg("dead:q1")
+        .cmd("ZADD")
+        .arg(format!("{base}:backlog"))
+        .arg(0)
+        .arg("ghost")
         .query(&mut c)
         .unwrap();
     drop(held);

@@ -1,25 +1,120 @@
 //! The in-process coordinator: exact within one replica. A released slot is handed directly to
-//! the head of the tier's queue (FIFO), so waiters are woken rather than polling.
+//! the next waiter (so waiters are woken rather than polling): the queued tenant with the least
+//! weighted service (see [`fair`](super::fair)), FIFO within a tenant.
 
-use super::{Admission, AdmissionControl, QueueParams, Slot, TierAdmission};
+use super::fair::{self, FairShare};
+use super::{Admission, AdmissionControl, Claim, FairShareSettings, QueueParams, Slot};
+use super::{TenantShare, TierAdmission};
 use crate::policy::{Reason, Tier};
 use async_trait::async_trait;
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Instant;
 use tokio::sync::oneshot;
 
-#[derive(Default)]
+/// Origin of the fair-share clock (any monotonic origin will do).
+static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn now_ms() -> u64 {
+    ORIGIN.elapsed().as_millis() as u64
+}
+
+struct Waiter {
+    id: u64,
+    charge: f64,
+    /// The slot itself travels through the channel: if the waiter has gone (client hung up),
+    /// dropping the undelivered slot releases it again, so capacity cannot leak.
+    tx: oneshot::Sender<Slot>,
+}
+
 struct TierSlots {
     inflight: u64,
     capacity: u32,
     next_waiter: u64,
-    /// The slot itself travels through the channel: if the waiter has gone (client hung up),
-    /// dropping the undelivered slot releases it again, so capacity cannot leak.
-    waiters: VecDeque<(u64, oneshot::Sender<Slot>)>,
+    /// Waiting tenants (only those with someone waiting), each FIFO.
+    waiting: HashMap<String, VecDeque<Waiter>>,
+    queued: usize,
+    /// `None`: plain FIFO across tenants.
+    fair: Option<FairShare>,
 }
 
-#[derive(Default)]
+impl TierSlots {
+    fn new(settings: FairShareSettings) -> Self {
+        Self {
+            inflight: 0,
+            capacity: 0,
+            next_waiter: 0,
+            waiting: HashMap::new(),
+            queued: 0,
+            fair: settings
+                .enabled
+                .then(|| FairShare::new(settings.half_life_ms)),
+        }
+    }
+
+    fn counter(&self, tenant: &str) -> f64 {
+        self.fair.as_ref().map_or(0.0, |f| f.value(tenant))
+    }
+
+    fn charge(&mut self, tenant: &str, charge: f64) {
+        if let Some(f) = self.fair.as_mut() {
+            f.charge(tenant, charge, now_ms());
+        }
+    }
+
+    fn enqueue(&mut self, tenant: &str, waiter: Waiter) {
+        if !self.waiting.contains_key(tenant) {
+            let floor = self
+                .waiting
+                .keys()
+                .map(|t| self.counter(t))
+                .reduce(f64::min);
+            if let Some(f) = self.fair.as_mut() {
+                f.enter(tenant, floor, now_ms());
+            }
+        }
+        self.waiting
+            .entry(tenant.to_string())
+            .or_default()
+            .push_back(waiter);
+        self.queued += 1;
+    }
+
+    /// The next waiter by fair share (or arrival, without it), removed from the queue.
+    fn pop_next(&mut self) -> Option<(String, Waiter)> {
+        let tenants: Vec<&String> = self.waiting.keys().collect();
+        let i = fair::next_of(tenants.iter().map(|t| {
+            let head = self.waiting[*t].front().map_or(u64::MAX, |w| w.id);
+            (self.counter(t), head)
+        }))?;
+        let tenant = tenants[i].clone();
+        let q = self.waiting.get_mut(&tenant)?;
+        let w = q.pop_front()?;
+        if q.is_empty() {
+            self.waiting.remove(&tenant);
+        }
+        self.queued -= 1;
+        Some((tenant, w))
+    }
+
+    /// Removes a waiter that gave up; false when it was no longer queued.
+    fn remove(&mut self, tenant: &str, id: u64) -> bool {
+        let Some(q) = self.waiting.get_mut(tenant) else {
+            return false;
+        };
+        let before = q.len();
+        q.retain(|w| w.id != id);
+        let removed = q.len() != before;
+        if q.is_empty() {
+            self.waiting.remove(tenant);
+        }
+        if removed {
+            self.queued -= 1;
+        }
+        removed
+    }
+}
+
 struct Inner {
     tiers: [Mutex<TierSlots>; 3],
 }
@@ -40,49 +135,80 @@ impl Inner {
 
     fn release(self: &Arc<Self>, tier: Tier) {
         loop {
-            let waiter = {
+            let (tenant, waiter) = {
                 let mut t = self.lock(tier);
                 let over = t.capacity != 0 && t.inflight > u64::from(t.capacity);
-                match t.waiters.pop_front() {
-                    Some((_, tx)) if !over => tx,
+                match t.pop_next() {
+                    Some((tenant, w)) if !over => {
+                        t.charge(&tenant, w.charge);
+                        (tenant, w)
+                    }
                     other => {
-                        if let Some(w) = other {
-                            t.waiters.push_front(w);
+                        if let Some((tenant, w)) = other {
+                            // Back to the head of its own queue: nobody overtakes it.
+                            t.queued += 1;
+                            t.waiting.entry(tenant).or_default().push_front(w);
                         }
                         t.inflight = t.inflight.saturating_sub(1);
                         return;
                     }
                 }
             };
-            match waiter.send(self.slot(tier)) {
+            match waiter.tx.send(self.slot(tier)) {
                 Ok(()) => return,
-                // The waiter is gone: take the slot back (without releasing) and try the next.
-                Err(slot) => slot.disarm(),
+                // The waiter is gone: take the slot back (without releasing), refund the
+                // charge and try the next.
+                Err(slot) => {
+                    slot.disarm();
+                    self.lock(tier).charge(&tenant, -waiter.charge);
+                }
             }
         }
     }
 }
 
-#[derive(Default, Clone)]
+#[derive(Clone)]
 pub struct LocalAdmission {
     inner: Arc<Inner>,
 }
 
+impl Default for LocalAdmission {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl LocalAdmission {
     pub fn new() -> Self {
-        Self::default()
+        Self::with_fair_share(FairShareSettings::default())
+    }
+
+    pub fn with_fair_share(settings: FairShareSettings) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                tiers: std::array::from_fn(|_| Mutex::new(TierSlots::new(settings))),
+            }),
+        }
     }
 }
 
 #[async_trait]
 impl AdmissionControl for LocalAdmission {
-    async fn admit(&self, tier: Tier, capacity: u32, queue: Option<QueueParams>) -> Admission {
+    async fn admit_as(
+        &self,
+        tier: Tier,
+        capacity: u32,
+        queue: Option<QueueParams>,
+        claim: &Claim<'_>,
+    ) -> Admission {
         let started = Instant::now();
+        let charge = fair::charge_of(claim.cost_tokens, claim.weight);
         let (id, rx, max_wait) = {
             let mut t = self.inner.lock(tier);
             t.capacity = capacity;
-            if capacity == 0 || (t.inflight < u64::from(capacity) && t.waiters.is_empty()) {
+            if capacity == 0 || (t.inflight < u64::from(capacity) && t.queued == 0) {
                 t.inflight += 1;
+                t.charge(claim.tenant, charge);
                 drop(t);
                 return Admission::Admitted {
                     slot: self.inner.slot(tier),
@@ -96,7 +222,7 @@ impl AdmissionControl for LocalAdmission {
                     queued_for: None,
                 };
             };
-            if t.waiters.len() >= q.max_size {
+            if t.queued >= q.max_size {
                 return Admission::Refused {
                     reason: Reason::QueueDropped,
                     queued_for: None,
@@ -105,19 +231,14 @@ impl AdmissionControl for LocalAdmission {
             let (tx, rx) = oneshot::channel();
             t.next_waiter += 1;
             let id = t.next_waiter;
-            t.waiters.push_back((id, tx));
+            t.enqueue(claim.tenant, Waiter { id, charge, tx });
             (id, rx, q.max_wait)
         };
         let mut rx = rx;
         let slot = match tokio::time::timeout(max_wait, &mut rx).await {
             Ok(Ok(slot)) => Some(slot),
             _ => {
-                let still_queued = {
-                    let mut t = self.inner.lock(tier);
-                    let before = t.waiters.len();
-                    t.waiters.retain(|(w, _)| *w != id);
-                    t.waiters.len() != before
-                };
+                let still_queued = self.inner.lock(tier).remove(claim.tenant, id);
                 // Not in the queue any more: a slot was handed over just as the deadline hit.
                 if still_queued {
                     None
@@ -144,9 +265,29 @@ impl AdmissionControl for LocalAdmission {
         let t = self.inner.lock(tier);
         TierAdmission {
             inflight: t.inflight,
-            queued: t.waiters.len() as u64,
+            queued: t.queued as u64,
             capacity: t.capacity,
         }
+    }
+
+    fn waiting_tenants(&self, tier: Tier, limit: usize) -> Vec<TenantShare> {
+        let t = self.inner.lock(tier);
+        let mut out: Vec<TenantShare> = t
+            .waiting
+            .iter()
+            .map(|(name, q)| TenantShare {
+                tenant: name.clone(),
+                queued: q.len() as u64,
+                service: t.counter(name),
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            a.service
+                .total_cmp(&b.service)
+                .then(a.tenant.cmp(&b.tenant))
+        });
+        out.truncate(limit);
+        out
     }
 
     fn kind(&self) -> &'static str {

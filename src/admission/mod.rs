@@ -5,6 +5,7 @@
 //! slot in its per-request context, which lives until the response body (a whole SSE stream
 //! included) has been sent or the client went away — not merely until headers were written.
 
+pub mod fair;
 mod local;
 mod redis;
 
@@ -26,7 +27,8 @@ pub type Coordinator = (
 /// otherwise the in-process one.
 pub fn build(cfg: &Config) -> Result<Coordinator, String> {
     let Some(url) = cfg.redis_url.as_deref() else {
-        return Ok((Arc::new(LocalAdmission::new()), Vec::new()));
+        let local = LocalAdmission::with_fair_share(FairShareSettings::from_config(cfg));
+        return Ok((Arc::new(local), Vec::new()));
     };
     let settings = RedisSettings::from_config(cfg, url, &crate::server::replica_id());
     let coordinator = RedisAdmission::new(settings)?;
@@ -63,6 +65,58 @@ pub enum Admission {
     },
 }
 
+/// Who asks for a slot, for the fair share between tenants queued in one tier.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Claim<'a> {
+    pub tenant: &'a str,
+    pub weight: f64,
+    /// Estimated prompt tokens plus the completion the request may produce.
+    pub cost_tokens: u64,
+}
+
+impl Claim<'_> {
+    /// A claim with no tenant to be fair to (tools and tests).
+    pub const ANONYMOUS: Claim<'static> = Claim {
+        tenant: crate::tenancy::ANONYMOUS,
+        weight: 1.0,
+        cost_tokens: 1,
+    };
+}
+
+/// `queue.fair_share*`: the same in the in-process and the Redis coordinator.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FairShareSettings {
+    pub enabled: bool,
+    pub half_life_ms: u64,
+}
+
+impl Default for FairShareSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            half_life_ms: 60_000,
+        }
+    }
+}
+
+impl FairShareSettings {
+    pub fn from_config(cfg: &Config) -> Self {
+        Self {
+            enabled: cfg.queue.fair_share,
+            half_life_ms: cfg.queue.fair_share_half_life_ms().max(1),
+        }
+    }
+}
+
+/// A tenant waiting in a tier, for `/status`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TenantShare {
+    pub tenant: String,
+    pub queued: u64,
+    /// Its virtual token counter: weighted tokens served; the lowest is served next.
+    pub service: f64,
+}
+
 /// Per-tier counters for `/status` and `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TierAdmission {
@@ -73,10 +127,28 @@ pub struct TierAdmission {
 
 #[async_trait]
 pub trait AdmissionControl: Send + Sync {
-    /// Takes a slot for `tier` if fewer than `capacity` are in flight (0 = unlimited); otherwise
-    /// waits in the tier's queue when `queue` is given, or refuses.
-    async fn admit(&self, tier: Tier, capacity: u32, queue: Option<QueueParams>) -> Admission;
+    /// Takes a slot for `tier` if fewer than `capacity` are in flight (0 = unlimited) and
+    /// nobody waits; otherwise waits in the tier's queue when `queue` is given, or refuses.
+    /// Waiters are served by fair share between tenants, FIFO within a tenant.
+    async fn admit_as(
+        &self,
+        tier: Tier,
+        capacity: u32,
+        queue: Option<QueueParams>,
+        claim: &Claim<'_>,
+    ) -> Admission;
+
+    /// [`admit_as`](Self::admit_as) for a request without a tenant.
+    async fn admit(&self, tier: Tier, capacity: u32, queue: Option<QueueParams>) -> Admission {
+        self.admit_as(tier, capacity, queue, &Claim::ANONYMOUS)
+            .await
+    }
+
     fn status(&self, tier: Tier) -> TierAdmission;
+    /// The tenants waiting in `tier`, least served first (at most `limit`).
+    fn waiting_tenants(&self, _tier: Tier, _limit: usize) -> Vec<TenantShare> {
+        Vec::new()
+    }
     /// Which coordinator this is (`local`, `redis`), for `/status`.
     fn kind(&self) -> &'static str;
     /// Coordinator health for `/status` (reachability, fail-open count …).

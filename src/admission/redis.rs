@@ -7,8 +7,11 @@
 //! - `slots`: a sorted set of held slots (`<replica>:s<n>`) scored by lease expiry;
 //! - `queue`: waiters scored by arrival (a Redis counter, `seq`), `deadlines` beside it.
 //!
-//! **Queue.** A newcomer is admitted only when nobody is queued, and only the head may claim,
-//! so release order is arrival order across replicas. Waiters poll (`queue.poll_seconds`); one
+//! **Queue.** A newcomer is admitted only when nobody is queued, and only the waiter served
+//! next may claim: with `queue.fair_share`, the oldest waiter of the waiting tenant with the
+//! least weighted token service (`backlog`, `vtc`, each tenant's own FIFO `tq:<tenant>`; the
+//! rules of [`fair`](super::fair)), otherwise the oldest waiter — the same order on every
+//! replica, since it is decided inside the claim script. Waiters poll (`queue.poll_seconds`); one
 //! that gives up or whose client leaves removes its entry, and the entry of a waiter whose
 //! replica died drops out at its deadline (≤ `queue.max_wait_seconds`).
 //!
@@ -27,9 +30,11 @@
 //! `/status` says so. Deliberate: availability over strict distributed bounds, as in the seed.
 //!
 //! Works with a single Redis node (or a Sentinel-managed primary); the keys of one deployment
-//! are not hash-tagged for Redis Cluster.
+//! are not hash-tagged for Redis Cluster, and the per-tenant queue keys are derived inside the
+//! scripts.
 
-use super::{Admission, AdmissionControl, QueueParams, Slot, TierAdmission};
+use super::{fair, Admission, AdmissionControl, Claim, FairShareSettings, QueueParams, Slot};
+use super::{TenantShare, TierAdmission};
 use crate::config::Config;
 use crate::policy::{Reason, Tier};
 use arc_swap::ArcSwapOption;
@@ -80,7 +85,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     enqueue: Script::new(lua!("enqueue.lua")),
     claim: Script::new(lua!("claim.lua")),
     release: Script::new(include_str!("lua/release.lua")),
-    leave: Script::new(include_str!("lua/leave.lua")),
+    leave: Script::new(lua!("leave.lua")),
     renew: Script::new(lua!("renew.lua")),
     status: Script::new(lua!("status.lua")),
 });
@@ -111,6 +116,7 @@ pub struct RedisSettings {
     pub replica: String,
     /// Reported by `status()` until the first admission of a tier says otherwise.
     pub capacities: [u32; 3],
+    pub fair_share: FairShareSettings,
 }
 
 impl RedisSettings {
@@ -123,15 +129,65 @@ impl RedisSettings {
             op_timeout: Duration::from_millis(cfg.coordination.op_timeout_ms),
             replica: replica.to_string(),
             capacities: Tier::ALL.map(|t| rules.tier(t).inflight_capacity),
+            fair_share: FairShareSettings::from_config(cfg),
         }
     }
 }
 
+/// Waiting tenants listed per tier in `/status`.
+const LISTED_TENANTS: usize = 20;
+
 struct TierKeys {
+    /// `<prefix>:<tier>`, from which the scripts derive each tenant's own queue key.
+    base: String,
     slots: String,
     queue: String,
     deadlines: String,
     seq: String,
+    backlog: String,
+    vtc: String,
+    vtc_at: String,
+    wt: String,
+    wc: String,
+}
+
+impl TierKeys {
+    fn new(base: String) -> Self {
+        let k = |name: &str| format!("{base}:{name}");
+        Self {
+            slots: k("slots"),
+            queue: k("queue"),
+            deadlines: k("deadlines"),
+            seq: k("seq"),
+            backlog: k("backlog"),
+            vtc: k("vtc"),
+            vtc_at: k("vtc_at"),
+            wt: k("wt"),
+            wc: k("wc"),
+            base,
+        }
+    }
+
+    /// The keys in the order `tier_keys` (lua/prelude.lua) reads them.
+    fn add_keys(&self, inv: &mut ScriptInvocation<'_>) {
+        inv.key(&self.slots)
+            .key(&self.queue)
+            .key(&self.deadlines)
+            .key(&self.seq)
+            .key(&self.backlog)
+            .key(&self.vtc)
+            .key(&self.vtc_at)
+            .key(&self.wt)
+            .key(&self.wc);
+    }
+
+    /// A per-tier script's keys and its first argument, the key base.
+    fn invoke<'a>(&self, script: &'a Script) -> ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        self.add_keys(&mut inv);
+        inv.arg(&self.base);
+        inv
+    }
 }
 
 #[derive(Default)]
@@ -154,6 +210,8 @@ struct Inner {
     capacity: [AtomicU32; 3],
     inflight: [AtomicU64; 3],
     queued: [AtomicU64; 3],
+    waiting: [Mutex<Vec<TenantShare>>; 3],
+    fair: FairShareSettings,
     /// Admission consults Redis only while this is set; cleared by any failed call and set
     /// again by any successful one (the status refresher probes every 250 ms), so during an
     /// outage requests pay nothing but the bound — not a timeout each.
@@ -184,15 +242,7 @@ impl RedisAdmission {
     pub fn new(s: RedisSettings) -> Result<Self, String> {
         let client = redis::Client::open(s.url.as_str())
             .map_err(|e| format!("redis_url {:?}: {e}", s.url))?;
-        let keys = Tier::ALL.map(|t| {
-            let base = format!("{}:{}", s.prefix, t.as_str());
-            TierKeys {
-                slots: format!("{base}:slots"),
-                queue: format!("{base}:queue"),
-                deadlines: format!("{base}:deadlines"),
-                seq: format!("{base}:seq"),
-            }
-        });
+        let keys = Tier::ALL.map(|t| TierKeys::new(format!("{}:{}", s.prefix, t.as_str())));
         let nonce = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish() as u32;
@@ -209,6 +259,8 @@ impl RedisAdmission {
                 capacity: s.capacities.map(AtomicU32::new),
                 inflight: Default::default(),
                 queued: Default::default(),
+                waiting: Default::default(),
+                fair: s.fair_share,
                 reachable: AtomicBool::new(false),
                 health: Mutex::default(),
                 fail_open_total: AtomicU64::new(0),
@@ -391,15 +443,18 @@ impl Inner {
     async fn refresh(&self) -> Result<(), String> {
         let mut inv = SCRIPTS.status.prepare_invoke();
         for k in &self.keys {
-            inv.key(&k.slots).key(&k.queue).key(&k.deadlines);
+            k.add_keys(&mut inv);
         }
-        let figures: Vec<u64> = self.call(&inv).await?;
-        for (i, f) in figures.chunks(3).take(3).enumerate() {
-            if let [inflight, queued, reclaimed] = *f {
-                self.inflight[i].store(inflight, Ordering::Relaxed);
-                self.queued[i].store(queued, Ordering::Relaxed);
-                self.count_reclaimed(reclaimed);
-            }
+        for k in &self.keys {
+            inv.arg(&k.base);
+        }
+        inv.arg(LISTED_TENANTS);
+        let figures: Vec<TierFigures> = self.call(&inv).await?;
+        for (i, (inflight, queued, reclaimed, waiting)) in figures.into_iter().take(3).enumerate() {
+            self.inflight[i].store(inflight, Ordering::Relaxed);
+            self.queued[i].store(queued, Ordering::Relaxed);
+            self.count_reclaimed(reclaimed);
+            *lock(&self.waiting[i]) = tenant_shares(&waiting);
         }
         lock(&self.health).refreshed_at = Some(Instant::now());
         Ok(())
@@ -518,12 +573,31 @@ impl Inner {
     }
 
     async fn leave(&self, tier: Tier, waiter: &str) {
-        let k = &self.keys[tier.index()];
-        let mut inv = SCRIPTS.leave.prepare_invoke();
-        inv.key(&k.queue).key(&k.deadlines).arg(waiter);
+        let mut inv = self.keys[tier.index()].invoke(&SCRIPTS.leave);
+        inv.arg(waiter);
         // On failure the entry drops out at its deadline.
         let _ = self.call::<i64>(&inv).await;
     }
+}
+
+/// One tier in the status script's answer: in flight, queued, leases reclaimed, and the waiting
+/// tenants as flat (tenant, counter, queued) triples.
+type TierFigures = (u64, u64, u64, Vec<redis::Value>);
+
+fn tenant_shares(flat: &[redis::Value]) -> Vec<TenantShare> {
+    flat.chunks(3)
+        .filter_map(|c| {
+            let [tenant, service, queued] = c else {
+                return None;
+            };
+            let service: String = redis::from_redis_value(service).ok()?;
+            Some(TenantShare {
+                tenant: redis::from_redis_value(tenant).ok()?,
+                service: service.parse().ok()?,
+                queued: redis::from_redis_value(queued).ok()?,
+            })
+        })
+        .collect()
 }
 
 /// Redis state an admission attempt may have created that no [`Slot`] owns yet: the slot id
@@ -600,7 +674,13 @@ async fn release_batches(
 
 #[async_trait]
 impl AdmissionControl for RedisAdmission {
-    async fn admit(&self, tier: Tier, capacity: u32, queue: Option<QueueParams>) -> Admission {
+    async fn admit_as(
+        &self,
+        tier: Tier,
+        capacity: u32,
+        queue: Option<QueueParams>,
+        claim: &Claim<'_>,
+    ) -> Admission {
         let inner = &self.inner;
         inner.capacity[tier.index()].store(capacity, Ordering::Relaxed);
         if !inner.reachable.load(Ordering::Acquire) {
@@ -615,14 +695,16 @@ impl AdmissionControl for RedisAdmission {
             waiter: None,
         };
         let member = pending.member.clone().unwrap_or_default();
+        let charge = fair::charge_of(claim.cost_tokens, claim.weight);
+        let fair_flag = if inner.fair.enabled { "1" } else { "0" };
 
-        let mut inv = SCRIPTS.admit.prepare_invoke();
-        inv.key(&keys.slots)
-            .key(&keys.queue)
-            .key(&keys.deadlines)
-            .arg(capacity)
+        let mut inv = keys.invoke(&SCRIPTS.admit);
+        inv.arg(capacity)
             .arg(&member)
-            .arg(inner.lease_ms);
+            .arg(inner.lease_ms)
+            .arg(claim.tenant)
+            .arg(charge)
+            .arg(fair_flag);
         match inner.call::<(i64, u64)>(&inv).await {
             Ok((admitted, reclaimed)) => {
                 inner.count_reclaimed(reclaimed);
@@ -646,13 +728,13 @@ impl AdmissionControl for RedisAdmission {
 
         let waiter = inner.new_id('q');
         pending.waiter = Some(waiter.clone());
-        let mut inv = SCRIPTS.enqueue.prepare_invoke();
-        inv.key(&keys.queue)
-            .key(&keys.deadlines)
-            .key(&keys.seq)
-            .arg(&waiter)
+        let mut inv = keys.invoke(&SCRIPTS.enqueue);
+        inv.arg(&waiter)
             .arg(q.max_size)
-            .arg(q.max_wait.as_millis() as u64);
+            .arg(q.max_wait.as_millis() as u64)
+            .arg(claim.tenant)
+            .arg(charge)
+            .arg(inner.fair.half_life_ms);
         match inner.call::<(i64, u64)>(&inv).await {
             Ok((-1, _)) => {
                 pending.waiter = None;
@@ -670,14 +752,12 @@ impl AdmissionControl for RedisAdmission {
         let deadline = started + q.max_wait;
         pending.member = Some(member.clone());
         loop {
-            let mut inv = SCRIPTS.claim.prepare_invoke();
-            inv.key(&keys.slots)
-                .key(&keys.queue)
-                .key(&keys.deadlines)
-                .arg(&waiter)
+            let mut inv = keys.invoke(&SCRIPTS.claim);
+            inv.arg(&waiter)
                 .arg(capacity)
                 .arg(&member)
-                .arg(inner.lease_ms);
+                .arg(inner.lease_ms)
+                .arg(fair_flag);
             match inner.call::<(i64, u64)>(&inv).await {
                 Ok((claimed, reclaimed)) => {
                     inner.count_reclaimed(reclaimed);
@@ -730,6 +810,12 @@ impl AdmissionControl for RedisAdmission {
             queued: self.inner.queued[i].load(Ordering::Relaxed),
             capacity: self.inner.capacity[i].load(Ordering::Relaxed),
         }
+    }
+
+    fn waiting_tenants(&self, tier: Tier, limit: usize) -> Vec<TenantShare> {
+        let mut w = lock(&self.inner.waiting[tier.index()]).clone();
+        w.truncate(limit);
+        w
     }
 
     fn kind(&self) -> &'static str {
@@ -791,47 +877,59 @@ mod tests {
         }
 
         fn keys(&self, tier: Tier) -> TierKeys {
-            let base = format!("{}:{}", self.prefix, tier.as_str());
-            TierKeys {
-                slots: format!("{base}:slots"),
-                queue: format!("{base}:queue"),
-                deadlines: format!("{base}:deadlines"),
-                seq: format!("{base}:seq"),
-            }
+            TierKeys::new(format!("{}:{}", self.prefix, tier.as_str()))
         }
 
         async fn admit(&mut self, k: &TierKeys, cap: u32, member: &str, lease: u64) -> (i64, u64) {
-            let mut inv = SCRIPTS.admit.prepare_invoke();
-            inv.key(&k.slots)
-                .key(&k.queue)
-                .key(&k.deadlines)
-                .arg(cap)
+            self.admit_for(k, cap, member, lease, "t", 1.0).await
+        }
+
+        async fn admit_for(
+            &mut self,
+            k: &TierKeys,
+            cap: u32,
+            member: &str,
+            lease: u64,
+            tenant: &str,
+            charge: f64,
+        ) -> (i64, u64) {
+            let mut inv = k.invoke(&SCRIPTS.admit);
+            inv.arg(cap)
                 .arg(member)
-                .arg(lease);
+                .arg(lease)
+                .arg(tenant)
+                .arg(charge)
+                .arg("1");
             inv.invoke_async(&mut self.conn).await.unwrap()
         }
 
         async fn enqueue(&mut self, k: &TierKeys, waiter: &str, max: usize, wait: u64) -> i64 {
-            let mut inv = SCRIPTS.enqueue.prepare_invoke();
-            inv.key(&k.queue)
-                .key(&k.deadlines)
-                .key(&k.seq)
-                .arg(waiter)
+            self.enqueue_for(k, waiter, max, wait, "t", 1.0).await
+        }
+
+        async fn enqueue_for(
+            &mut self,
+            k: &TierKeys,
+            waiter: &str,
+            max: usize,
+            wait: u64,
+            tenant: &str,
+            charge: f64,
+        ) -> i64 {
+            let mut inv = k.invoke(&SCRIPTS.enqueue);
+            inv.arg(waiter)
                 .arg(max)
-                .arg(wait);
+                .arg(wait)
+                .arg(tenant)
+                .arg(charge)
+                .arg(60_000);
             let (r, _len): (i64, u64) = inv.invoke_async(&mut self.conn).await.unwrap();
             r
         }
 
         async fn claim(&mut self, k: &TierKeys, waiter: &str, cap: u32, member: &str) -> i64 {
-            let mut inv = SCRIPTS.claim.prepare_invoke();
-            inv.key(&k.slots)
-                .key(&k.queue)
-                .key(&k.deadlines)
-                .arg(waiter)
-                .arg(cap)
-                .arg(member)
-                .arg(5000);
+            let mut inv = k.invoke(&SCRIPTS.claim);
+            inv.arg(waiter).arg(cap).arg(member).arg(5000).arg("1");
             let (r, _): (i64, u64) = inv.invoke_async(&mut self.conn).await.unwrap();
             r
         }
@@ -927,8 +1025,8 @@ mod tests {
         assert_eq!(ns.claim(&k, "w:2", 1, "r:b").await, 0, "head now, but full");
         assert_eq!(ns.claim(&k, "w:9", 1, "r:z").await, -1, "never queued");
 
-        let mut inv = SCRIPTS.leave.prepare_invoke();
-        inv.key(&k.queue).key(&k.deadlines).arg("w:2");
+        let mut inv = k.invoke(&SCRIPTS.leave);
+        inv.arg("w:2");
         let left: i64 = inv.invoke_async(&mut ns.conn).await.unwrap();
         assert_eq!(left, 1);
         let left: i64 = inv.invoke_async(&mut ns.conn).await.unwrap();
@@ -979,13 +1077,63 @@ mod tests {
         ns.enqueue(&s, "w2", 5, 50).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut inv = SCRIPTS.status.prepare_invoke();
-        for t in Tier::ALL {
-            let k = ns.keys(t);
-            inv.key(k.slots).key(k.queue).key(k.deadlines);
+        let keys = Tier::ALL.map(|t| ns.keys(t));
+        for k in &keys {
+            k.add_keys(&mut inv);
         }
-        let out: Vec<u64> = inv.invoke_async(&mut ns.conn).await.unwrap();
-        assert_eq!(out, vec![1, 0, 1, 1, 1, 0, 0, 0, 0]);
+        for k in &keys {
+            inv.arg(&k.base);
+        }
+        inv.arg(LISTED_TENANTS);
+        let out: Vec<TierFigures> = inv.invoke_async(&mut ns.conn).await.unwrap();
+        let figures: Vec<(u64, u64, u64)> = out.iter().map(|f| (f.0, f.1, f.2)).collect();
+        assert_eq!(figures, vec![(1, 0, 1), (1, 1, 0), (0, 0, 0)]);
         assert_eq!(ns.zcard(&s.deadlines).await, 1);
+        let waiting = tenant_shares(&out[1].3);
+        assert_eq!(waiting.len(), 1);
+        assert_eq!((waiting[0].tenant.as_str(), waiting[0].queued), ("t", 1));
+    }
+
+    /// The claim script serves the waiting tenant with the least service, FIFO within each:
+    /// a light tenant that queues behind a heavy tenant's burst is not served last.
+    #[tokio::test]
+    async fn claims_follow_fair_share_between_tenants_and_fifo_within() {
+        let mut ns = Ns::new().await;
+        let k = ns.keys(Tier::Standard);
+        assert_eq!(ns.admit_for(&k, 1, "held", 5000, "heavy", 100.0).await.0, 1);
+        for i in 0..4 {
+            let w = format!("h{i}");
+            assert_eq!(ns.enqueue_for(&k, &w, 10, 5000, "heavy", 100.0).await, 1);
+        }
+        for i in 0..2 {
+            let w = format!("l{i}");
+            assert_eq!(ns.enqueue_for(&k, &w, 10, 5000, "light", 100.0).await, 1);
+        }
+        // Each round frees the one slot and lets whoever may claim take it.
+        let mut order = Vec::new();
+        let mut held = "held".to_string();
+        for round in 0..6 {
+            let mut inv = SCRIPTS.release.prepare_invoke();
+            inv.key(&k.slots).arg(&held);
+            let _: i64 = inv.invoke_async(&mut ns.conn).await.unwrap();
+            let mut claimed = Vec::new();
+            for w in ["h0", "h1", "h2", "h3", "l0", "l1"] {
+                if order.contains(&w) {
+                    continue;
+                }
+                let member = format!("m{round}-{w}");
+                if ns.claim(&k, w, 1, &member).await == 1 {
+                    claimed.push(w);
+                    held = member;
+                }
+            }
+            assert_eq!(claimed.len(), 1, "exactly one claim per freed slot");
+            order.extend(claimed);
+        }
+        // heavy was charged for the slot it held, light was lifted to its counter on joining:
+        // tie, and heavy's head is older; then they alternate until light runs out.
+        assert_eq!(order, ["h0", "l0", "h1", "l1", "h2", "h3"]);
+        assert_eq!(ns.zcard(&k.backlog).await, 0, "nobody waits any more");
     }
 
     fn settings(prefix: &str, url: &str) -> RedisSettings {
@@ -996,6 +1144,7 @@ mod tests {
             op_timeout: Duration::from_millis(250),
             replica: "unit".into(),
             capacities: [0, 0, 0],
+            fair_share: Default::default(),
         }
     }
 

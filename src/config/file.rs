@@ -153,7 +153,8 @@ impl<'de> Deserialize<'de> for TenantEntry {
         match serde_yaml::Value::deserialize(d)? {
             serde_yaml::Value::String(tier) => Ok(Self::of_tier(&tier)),
             v @ serde_yaml::Value::Mapping(_) => {
-                let t: TenantDetail = serde_yaml::from_value(v).map_err(serde::de::Error::custom)?;
+                let t: TenantDetail =
+                    serde_yaml::from_value(v).map_err(serde::de::Error::custom)?;
                 Ok(Self {
                     tier: t.tier,
                     weight: t.weight,
@@ -555,6 +556,11 @@ pub struct QueueConfig {
     pub max_wait_seconds: f64,
     /// How often a distributed queue re-checks its head; the in-process queue is woken directly.
     pub poll_seconds: f64,
+    /// A freed slot goes to the queued tenant with the least weighted token service (FIFO within
+    /// a tenant); `false` is plain FIFO across tenants.
+    pub fair_share: bool,
+    /// How fast a tenant's past excess service is forgiven when it queues again.
+    pub fair_share_half_life_seconds: f64,
 }
 
 impl Default for QueueConfig {
@@ -563,7 +569,15 @@ impl Default for QueueConfig {
             max_size: 100,
             max_wait_seconds: 2.0,
             poll_seconds: 0.05,
+            fair_share: true,
+            fair_share_half_life_seconds: 60.0,
         }
+    }
+}
+
+impl QueueConfig {
+    pub fn fair_share_half_life_ms(&self) -> u64 {
+        (self.fair_share_half_life_seconds * 1000.0).round() as u64
     }
 }
 

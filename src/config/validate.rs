@@ -111,6 +111,13 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
             ),
         );
     }
+    let half_life = c.queue.fair_share_half_life_seconds;
+    if !(half_life.is_finite() && (0.001..=86_400.0).contains(&half_life)) {
+        return err(
+            "queue.fair_share_half_life_seconds",
+            "must be between 0.001 and 86400".into(),
+        );
+    }
     if !(c.queue.max_wait_seconds.is_finite() && c.queue.max_wait_seconds > 0.0) {
         return err("queue.max_wait_seconds", "must be > 0".into());
     }

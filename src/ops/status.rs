@@ -52,6 +52,8 @@ pub fn status(app: &App) -> Value {
                 "capacity": r.inflight_capacity,
                 "inflight": a.inflight,
                 "queued": a.queued,
+                // Least served first: the head of this list is served next.
+                "waiting_tenants": app.admission.waiting_tenants(t, 20),
                 "sla_target_ms": r.sla_target_ms,
                 "max_tokens_cap": r.max_tokens_cap,
                 "pool": r.preferred_pool.as_str(),

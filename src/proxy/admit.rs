@@ -5,7 +5,7 @@
 use super::ctx::{BodyMode, Ctx};
 use super::respond::{capacity_body, error_body, send_json};
 use super::App;
-use crate::admission::{Admission, QueueParams};
+use crate::admission::{Admission, Claim, QueueParams};
 use crate::policy::{self, Action, Pool, PoolSignals, Reason, RequestFacts, Tier};
 use crate::shaping::{self, Shaped};
 use bytes::{Bytes, BytesMut};
@@ -135,9 +135,17 @@ async fn decide_and_admit(app: &App, session: &mut Session, ctx: &mut Ctx) -> St
         return Ok(Err(r));
     }
     // Only completions hold capacity: model listings and health probes must not queue.
+    // The request's estimated tokens: its share of a contended tier and its KV work.
+    let completion = ctx.applied_max_tokens.and_then(|m| u64::try_from(m).ok());
+    let work = policy::work_gate::work_of(
+        ctx.prompt_tokens,
+        completion,
+        None,
+        rules.adaptive.assumed_max_tokens,
+    ) as u64;
     if shapeable {
         let capacity = rules.tier(tier).inflight_capacity;
-        if let Err(r) = take_slot(app, ctx, tier, capacity, &state.signals).await {
+        if let Err(r) = take_slot(app, ctx, tier, capacity, work, &state.signals).await {
             return Ok(Err(r));
         }
     }
@@ -146,14 +154,7 @@ async fn decide_and_admit(app: &App, session: &mut Session, ctx: &mut Ctx) -> St
     }
     if shapeable {
         if let Some(pool) = super::outcome::controller_pool(app, ctx) {
-            let completion = ctx.applied_max_tokens.and_then(|m| u64::try_from(m).ok());
-            let work = policy::work_gate::work_of(
-                ctx.prompt_tokens,
-                completion,
-                None,
-                rules.adaptive.assumed_max_tokens,
-            );
-            ctx.work = app.hub.charge_work(pool, work as u64);
+            ctx.work = app.hub.charge_work(pool, work);
         }
     }
     Ok(Ok(()))
@@ -350,6 +351,7 @@ async fn take_slot(
     ctx: &mut Ctx,
     tier: Tier,
     capacity: u32,
+    cost_tokens: u64,
     signals: &PoolSignals,
 ) -> std::result::Result<(), Refusal> {
     let queue = ctx.decision.as_ref().filter(|d| d.queue_eligible).map(|_| {
@@ -360,9 +362,14 @@ async fn take_slot(
             poll: Duration::from_millis(q.poll_ms()),
         }
     });
+    let claim = ctx.identity.as_ref().map_or(Claim::ANONYMOUS, |id| Claim {
+        tenant: &id.tenant,
+        weight: id.weight,
+        cost_tokens,
+    });
     let mut draining = app.draining.subscribe();
     let admitted = tokio::select! {
-        a = app.admission.admit(tier, capacity, queue) => a,
+        a = app.admission.admit_as(tier, capacity, queue, &claim) => a,
         _ = draining.wait_for(|d| *d) => Admission::Refused { reason: Reason::Draining, queued_for: None },
     };
     let queue_wait = |outcome: &str, q: Duration| {

@@ -321,6 +321,12 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         m.tenant_requests
             .with_label_values(&[tenant.as_str(), tier_name, label])
             .inc();
+        let served = record.prompt_tokens.unwrap_or(0) + record.completion_tokens.unwrap_or(0);
+        if served > 0 {
+            m.tenant_tokens
+                .with_label_values(&[tenant.as_str(), tier_name])
+                .inc_by(served);
+        }
     }
     // Straight to the log writer: the record is already one JSON line, and env_logger's
     // formatter would copy it twice and scan every byte for colour codes.

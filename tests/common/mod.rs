@@ -539,13 +539,27 @@ impl RedisNs {
             .ok()
     }
 
-    /// Every tier's slots, queue and deadlines are empty.
+    /// Every tier's slots, queue, deadlines and waiting tenants are empty, and no tenant's own
+    /// queue or waiter record is left behind.
     pub fn idle(&self) -> bool {
-        ["Guaranteed", "Standard", "Best-Effort"].iter().all(|t| {
-            ["slots", "queue", "deadlines"]
+        let sets_empty = ["Guaranteed", "Standard", "Best-Effort"].iter().all(|t| {
+            ["slots", "queue", "deadlines", "backlog"]
                 .iter()
                 .all(|k| self.zcard(t, k) == Some(0))
-        })
+        });
+        let leftovers = || -> Option<usize> {
+            let mut c = self.conn();
+            let mut n = 0;
+            for pattern in ["*:tq:*", "*:wt", "*:wc"] {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{}:{pattern}", self.prefix))
+                    .query(&mut c)
+                    .ok()?;
+                n += keys.len();
+            }
+            Some(n)
+        };
+        sets_empty && leftovers() == Some(0)
     }
 }
 

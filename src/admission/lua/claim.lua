@@ -1,22 +1,29 @@
--- FIFO claim: only the head of the queue may take a slot, and leaving the queue and taking the
--- slot happen in one step, so a released slot can never be lost between the two.
--- KEYS: slots, queue, deadlines
--- ARGV: waiter id, capacity, slot member, lease ms
+-- Claim: only the waiter served next (fair share between tenants, FIFO within one) may take a
+-- slot, and leaving the queue and taking the slot happen in one step, so a released slot can
+-- never be lost between the two.
+-- KEYS: tier_keys
+-- ARGV: base, waiter id, capacity, slot member, lease ms, fair (1/0)
 -- Returns {1 claimed | 0 keep waiting | -1 no longer queued (deadline passed), leases reclaimed}
+local K = tier_keys(0)
+local base, waiter = ARGV[1], ARGV[2]
 local now = now_ms()
-local reclaimed = reclaim(KEYS[1], now)
-drop_expired(KEYS[2], KEYS[3], now)
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+local reclaimed = reclaim(K.slots, now)
+drop_expired(K, base, now)
+if not redis.call('ZSCORE', K.queue, waiter) then
   return {-1, reclaimed}
 end
-if redis.call('ZRANGE', KEYS[2], 0, 0)[1] ~= ARGV[1] then
+if next_waiter(K, base, ARGV[6]) ~= waiter then
   return {0, reclaimed}
 end
-local capacity = tonumber(ARGV[2])
-if capacity ~= 0 and redis.call('ZCARD', KEYS[1]) >= capacity then
+local capacity = tonumber(ARGV[3])
+if capacity ~= 0 and redis.call('ZCARD', K.slots) >= capacity then
   return {0, reclaimed}
 end
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[3])
+local tenant = redis.call('HGET', K.wt, waiter)
+local c = tonumber(redis.call('HGET', K.wc, waiter) or '1')
+forget_waiter(K, base, waiter)
+if tenant and ARGV[6] == '1' then
+  charge(K, tenant, c, now)
+end
+redis.call('ZADD', K.slots, now + tonumber(ARGV[5]), ARGV[4])
 return {1, reclaimed}

@@ -1,0 +1,204 @@
+//! Fair share between tenants inside one contended tier, over HTTP through real `sluice serve`
+//! processes and the project's vLLM simulator: a light tenant that arrives just after a heavy
+//! tenant's burst is served alongside it rather than behind it, weights divide the tier's
+//! tokens, and the same holds across replicas sharing Redis (random key prefix per test).
+
+mod common;
+use common::*;
+use futures_util::future::join_all;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const CAPACITY: u64 = 2;
+
+/// Two tiers' worth of tenants, all Standard: contention is inside one tier.
+fn cfg(sim: &str, fair: bool, redis: Option<&RedisNs>) -> Value {
+    let mut c = config(&[sim], &[sim]);
+    merge(
+        &mut c,
+        json!({
+            "tenants": {
+                "heavy": "Standard",
+                "light": "Standard",
+                "gold": {"tier": "Standard", "weight": 3},
+                "bronze": {"tier": "Standard", "weight": 1},
+            },
+            "tiers": {"Standard": {"inflight_capacity": CAPACITY, "queue": true}},
+            "queue": {"max_size": 200, "max_wait_seconds": 60, "fair_share": fair},
+        }),
+    );
+    if let Some(ns) = redis {
+        merge(
+            &mut c,
+            json!({
+                "redis_url": ns.url,
+                "coordination": {"redis_prefix": ns.prefix, "lease_seconds": 3, "op_timeout_ms": 500},
+            }),
+        );
+    }
+    c
+}
+
+async fn cluster(sim: &Proc, n: usize, fair: bool, redis: Option<&RedisNs>) -> Vec<Sluice> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let s = serve_with(&cfg(&sim.addr, fair, redis), &[], true).await;
+        if redis.is_some() {
+            wait_for(Duration::from_secs(10), "redis reachable", || async {
+                (s.status().await["admission"]["reachable"] == true).then_some(())
+            })
+            .await;
+        }
+        out.push(s);
+    }
+    out
+}
+
+/// A prompt long enough that Sluice's estimate (body bytes / 4) and the simulator's count
+/// (content characters / 4) agree within a few per cent, so token shares can be read from usage.
+fn body(max_tokens: u64) -> Value {
+    let content = "sluice gates ".repeat(150);
+    json!({"model": "llama-3-70b", "max_tokens": max_tokens,
+           "messages": [{"role": "user", "content": content}]})
+}
+
+/// Sends one request, returning when its whole body arrived and its usage total.
+async fn send(s: &Sluice, tenant: &str, max_tokens: u64) -> (Instant, u64) {
+    let r = s.chat(tenant, body(max_tokens)).await;
+    assert_eq!(r.status(), 200, "{tenant} refused");
+    let v: Value = r.json().await.unwrap();
+    let tokens = v["usage"]["total_tokens"].as_u64().unwrap_or(0);
+    (Instant::now(), tokens)
+}
+
+/// One request's whole answer; when it ended.
+async fn finish(s: &Sluice, tenant: &'static str) -> (&'static str, Instant) {
+    let r = s.chat(tenant, body(30)).await;
+    assert_eq!(r.status(), 200, "{tenant} refused");
+    let _ = r.bytes().await;
+    (tenant, Instant::now())
+}
+
+/// Heavy sends 40 at once, light 8 just after (once heavy's are queued): light's mean
+/// completion rank over all 48 (1.0 = last).
+async fn light_mean_rank(replicas: &[Sluice], redis: Option<&RedisNs>) -> f64 {
+    let heavy = join_all((0..40).map(|i| finish(&replicas[i % replicas.len()], "heavy")));
+    let light = async {
+        wait_for(Duration::from_secs(10), "heavy's burst queued", || async {
+            let queued = match redis {
+                Some(ns) => ns.zcard("Standard", "queue").unwrap_or(0),
+                None => tier_status(&replicas[0].status().await, "Standard")["queued"]
+                    .as_u64()
+                    .unwrap_or(0),
+            };
+            (queued + CAPACITY >= 40).then_some(())
+        })
+        .await;
+        join_all((0..8).map(|i| finish(&replicas[i % replicas.len()], "light"))).await
+    };
+    let (heavy, light) = tokio::join!(heavy, light);
+    let mut done: Vec<_> = heavy.into_iter().chain(light).collect();
+    done.sort_by_key(|(_, at)| *at);
+    let n = done.len() as f64;
+    let ranks: Vec<f64> = done
+        .iter()
+        .enumerate()
+        .filter(|(_, (t, _))| *t == "light")
+        .map(|(i, _)| (i + 1) as f64 / n)
+        .collect();
+    ranks.iter().sum::<f64>() / ranks.len() as f64
+}
+
+/// Gold (weight 3, small requests) and bronze (weight 1, requests five times longer) keep six
+/// requests each outstanding for `secs`: the tokens each was served, from usage.
+async fn weighted_tokens(replicas: &[Sluice], secs: u64) -> (u64, u64) {
+    let until = Instant::now() + Duration::from_secs(secs);
+    let mut workers = Vec::new();
+    for (tenant, max_tokens) in [("gold", 40u64), ("bronze", 200)] {
+        for w in 0..6 {
+            let s = &replicas[w % replicas.len()];
+            workers.push(async move {
+                let mut served = 0;
+                loop {
+                    let (at, tokens) = send(s, tenant, max_tokens).await;
+                    if at > until {
+                        return (tenant, served);
+                    }
+                    served += tokens;
+                }
+            });
+        }
+    }
+    let mut gold = 0;
+    let mut bronze = 0;
+    for (tenant, t) in join_all(workers).await {
+        match tenant {
+            "gold" => gold += t,
+            _ => bronze += t,
+        }
+    }
+    (gold, bronze)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_light_tenant_is_served_alongside_a_heavy_burst_not_behind_it() {
+    let sim = sim("llama-3-70b", &["--itl-ms", "2"]).await;
+    let fair = cluster(&sim, 1, true, None).await;
+    let rank = light_mean_rank(&fair, None).await;
+    eprintln!("fair share, one replica: light mean completion rank {rank:.3}");
+    assert!(
+        rank <= 0.45,
+        "fair share: light mean completion rank {rank:.2}"
+    );
+    // The status lists who waits, least served first, while the tier is contended; after the
+    // burst nobody waits.
+    assert_eq!(
+        tier_status(&fair[0].status().await, "Standard")["waiting_tenants"],
+        json!([])
+    );
+    drop(fair);
+
+    // The same burst with fair share off is plain FIFO: light waits behind all of heavy's.
+    let fifo = cluster(&sim, 1, false, None).await;
+    let rank = light_mean_rank(&fifo, None).await;
+    eprintln!("FIFO, one replica: light mean completion rank {rank:.3}");
+    assert!(rank >= 0.8, "FIFO: light mean completion rank {rank:.2}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn weights_divide_a_contended_tier_by_tokens() {
+    let sim = sim("llama-3-70b", &[]).await;
+    let replicas = cluster(&sim, 1, true, None).await;
+    let (gold, bronze) = weighted_tokens(&replicas, 8).await;
+    let share = gold as f64 / bronze as f64;
+    eprintln!("gold:bronze tokens {gold}:{bronze} = {share:.3}");
+    assert!(
+        (2.7..=3.3).contains(&share),
+        "gold:bronze tokens {gold}:{bronze} = {share:.2}, want 3 ± 10 %"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_share_holds_across_three_replicas_on_redis() {
+    let sim = sim("llama-3-70b", &["--itl-ms", "2"]).await;
+    let ns = RedisNs::new(&shared_redis_url());
+    let replicas = cluster(&sim, 3, true, Some(&ns)).await;
+    let rank = light_mean_rank(&replicas, Some(&ns)).await;
+    eprintln!("fair share, three replicas: light mean completion rank {rank:.3}");
+    assert!(rank <= 0.45, "light mean completion rank {rank:.2}");
+
+    let (gold, bronze) = weighted_tokens(&replicas, 8).await;
+    let share = gold as f64 / bronze as f64;
+    eprintln!("gold:bronze tokens {gold}:{bronze} = {share:.3}");
+    assert!(
+        (2.7..=3.3).contains(&share),
+        "gold:bronze tokens {gold}:{bronze} = {share:.2}, want 3 ± 10 %"
+    );
+    drop(replicas);
+    wait_for(
+        Duration::from_secs(10),
+        "no leaked slots or waiters",
+        || async { ns.idle().then_some(()) },
+    )
+    .await;
+}
