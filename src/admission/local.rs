@@ -97,6 +97,32 @@ impl TierSlots {
         Some((tenant, w))
     }
 
+    /// Makes room in a full queue for a tenant with fewer waiters than the longest-queued one, by
+    /// dropping that tenant's newest waiter (its sender is dropped: it answers `QueueDropped`).
+    /// False when the newcomer's tenant already waits as much as anyone: then it is refused.
+    fn push_out_for(&mut self, tenant: &str) -> bool {
+        if self.fair.is_none() {
+            return false;
+        }
+        let mine = self.waiting.get(tenant).map_or(0, VecDeque::len);
+        let longest = self
+            .waiting
+            .iter()
+            .filter(|(t, _)| t.as_str() != tenant)
+            .max_by_key(|(t, q)| (q.len(), std::cmp::Reverse(t.as_str())))
+            .map(|(t, q)| (t.clone(), q.len()));
+        let Some((victim, len)) = longest.filter(|(_, len)| *len > mine + 1) else {
+            return false;
+        };
+        let q = self.waiting.get_mut(&victim).expect("listed above");
+        q.pop_back();
+        if len == 1 {
+            self.waiting.remove(&victim);
+        }
+        self.queued -= 1;
+        true
+    }
+
     /// Removes a waiter that gave up; false when it was no longer queued.
     fn remove(&mut self, tenant: &str, id: u64) -> bool {
         let Some(q) = self.waiting.get_mut(tenant) else {
@@ -222,7 +248,7 @@ impl AdmissionControl for LocalAdmission {
                     queued_for: None,
                 };
             };
-            if t.queued >= q.max_size {
+            if t.queued >= q.max_size && !t.push_out_for(claim.tenant) {
                 return Admission::Refused {
                     reason: Reason::QueueDropped,
                     queued_for: None,
@@ -237,7 +263,14 @@ impl AdmissionControl for LocalAdmission {
         let mut rx = rx;
         let slot = match tokio::time::timeout(max_wait, &mut rx).await {
             Ok(Ok(slot)) => Some(slot),
-            _ => {
+            // Pushed out of a full queue by a tenant with fewer waiters.
+            Ok(Err(_)) => {
+                return Admission::Refused {
+                    reason: Reason::QueueDropped,
+                    queued_for: Some(started.elapsed()),
+                }
+            }
+            Err(_) => {
                 let still_queued = self.inner.lock(tier).remove(claim.tenant, id);
                 // Not in the queue any more: a slot was handed over just as the deadline hit.
                 if still_queued {
@@ -396,6 +429,74 @@ mod tests {
             "timed-out entries are removed"
         );
         assert_eq!(a.status(Tier::Standard).inflight, 1);
+    }
+
+    fn claim(tenant: &str) -> Claim<'_> {
+        Claim {
+            tenant,
+            weight: 1.0,
+            cost_tokens: 100,
+        }
+    }
+
+    /// A full queue is not first come, first served between tenants: a tenant with fewer
+    /// waiters takes the place of the longest-queued tenant's newest waiter.
+    #[tokio::test]
+    async fn a_full_queue_pushes_out_the_longest_queued_tenants_newest() {
+        let a = LocalAdmission::new();
+        let _held = admitted(a.admit(Tier::Standard, 1, None).await);
+        let mut heavy = Vec::new();
+        for _ in 0..3 {
+            let a = a.clone();
+            heavy.push(tokio::spawn(async move {
+                a.admit_as(Tier::Standard, 1, q(3, 500), &claim("heavy"))
+                    .await
+            }));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let a2 = a.clone();
+        let light = tokio::spawn(async move {
+            a2.admit_as(Tier::Standard, 1, q(3, 500), &claim("light"))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(a.status(Tier::Standard).queued, 3, "the bound holds");
+        let newest = heavy.pop().unwrap().await.unwrap();
+        assert_eq!(refused(newest), Reason::QueueDropped);
+        // Light now waits once, heavy twice: one more light newcomer is refused, not swapped.
+        assert_eq!(
+            refused(
+                a.admit_as(Tier::Standard, 1, q(3, 500), &claim("light"))
+                    .await
+            ),
+            Reason::QueueDropped
+        );
+        let waiting = a.waiting_tenants(Tier::Standard, 10);
+        let counts: Vec<(&str, u64)> = waiting
+            .iter()
+            .map(|w| (w.tenant.as_str(), w.queued))
+            .collect();
+        assert!(counts.contains(&("heavy", 2)) && counts.contains(&("light", 1)));
+        // Plain FIFO (fair share off) refuses the newcomer instead.
+        let fifo = LocalAdmission::with_fair_share(FairShareSettings {
+            enabled: false,
+            half_life_ms: 1,
+        });
+        let _held = admitted(fifo.admit(Tier::Standard, 1, None).await);
+        let f2 = fifo.clone();
+        let _w = tokio::spawn(async move {
+            f2.admit_as(Tier::Standard, 1, q(1, 500), &claim("heavy"))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            refused(
+                fifo.admit_as(Tier::Standard, 1, q(1, 500), &claim("light"))
+                    .await
+            ),
+            Reason::QueueDropped
+        );
+        drop(light);
     }
 
     #[tokio::test]

@@ -149,6 +149,7 @@ struct TierKeys {
     vtc_at: String,
     wt: String,
     wc: String,
+    pushed: String,
 }
 
 impl TierKeys {
@@ -164,6 +165,7 @@ impl TierKeys {
             vtc_at: k("vtc_at"),
             wt: k("wt"),
             wc: k("wc"),
+            pushed: k("pushed"),
             base,
         }
     }
@@ -178,7 +180,8 @@ impl TierKeys {
             .key(&self.vtc)
             .key(&self.vtc_at)
             .key(&self.wt)
-            .key(&self.wc);
+            .key(&self.wc)
+            .key(&self.pushed);
     }
 
     /// A per-tier script's keys and its first argument, the key base.
@@ -734,7 +737,8 @@ impl AdmissionControl for RedisAdmission {
             .arg(q.max_wait.as_millis() as u64)
             .arg(claim.tenant)
             .arg(charge)
-            .arg(inner.fair.half_life_ms);
+            .arg(inner.fair.half_life_ms)
+            .arg(fair_flag);
         match inner.call::<(i64, u64)>(&inv).await {
             Ok((-1, _)) => {
                 pending.waiter = None;
@@ -768,6 +772,15 @@ impl AdmissionControl for RedisAdmission {
                                 queued_for: Some(started.elapsed()),
                                 fail_open: false,
                             }
+                        }
+                        // Pushed out of the full queue by a tenant with fewer waiters.
+                        -2 => {
+                            pending.waiter = None;
+                            pending.nothing_taken();
+                            return Admission::Refused {
+                                reason: Reason::QueueDropped,
+                                queued_for: Some(started.elapsed()),
+                            };
                         }
                         // Redis dropped the entry: its deadline passed.
                         -1 => {
@@ -922,7 +935,8 @@ mod tests {
                 .arg(wait)
                 .arg(tenant)
                 .arg(charge)
-                .arg(60_000);
+                .arg(60_000)
+                .arg("1");
             let (r, _len): (i64, u64) = inv.invoke_async(&mut self.conn).await.unwrap();
             r
         }
@@ -1092,6 +1106,25 @@ mod tests {
         let waiting = tenant_shares(&out[1].3);
         assert_eq!(waiting.len(), 1);
         assert_eq!((waiting[0].tenant.as_str(), waiting[0].queued), ("t", 1));
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_pushes_out_the_longest_queued_tenants_newest() {
+        let mut ns = Ns::new().await;
+        let k = ns.keys(Tier::Standard);
+        for w in ["h1", "h2", "h3"] {
+            assert_eq!(ns.enqueue_for(&k, w, 3, 5000, "heavy", 1.0).await, 1);
+        }
+        assert_eq!(ns.enqueue_for(&k, "l1", 3, 5000, "light", 1.0).await, 1);
+        assert_eq!(ns.zcard(&k.queue).await, 3, "the bound holds");
+        assert_eq!(ns.claim(&k, "h3", 1, "m").await, -2, "h3 was pushed out");
+        assert_eq!(ns.claim(&k, "h3", 1, "m").await, -1, "and told once");
+        assert_eq!(
+            ns.enqueue_for(&k, "l2", 3, 5000, "light", 1.0).await,
+            -1,
+            "light waits once, heavy twice: no swap"
+        );
+        assert_eq!(ns.zcard(&format!("{}:tq:heavy", k.base)).await, 2);
     }
 
     /// The claim script serves the waiting tenant with the least service, FIFO within each:

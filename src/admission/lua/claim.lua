@@ -3,13 +3,17 @@
 -- never be lost between the two.
 -- KEYS: tier_keys
 -- ARGV: base, waiter id, capacity, slot member, lease ms, fair (1/0)
--- Returns {1 claimed | 0 keep waiting | -1 no longer queued (deadline passed), leases reclaimed}
+-- Returns {1 claimed | 0 keep waiting | -1 no longer queued (deadline passed) | -2 pushed out of
+-- a full queue by a tenant with fewer waiters, leases reclaimed}
 local K = tier_keys(0)
 local base, waiter = ARGV[1], ARGV[2]
 local now = now_ms()
 local reclaimed = reclaim(K.slots, now)
 drop_expired(K, base, now)
 if not redis.call('ZSCORE', K.queue, waiter) then
+  if redis.call('ZREM', K.pushed, waiter) == 1 then
+    return {-2, reclaimed}
+  end
   return {-1, reclaimed}
 end
 if next_waiter(K, base, ARGV[6]) ~= waiter then

@@ -18,12 +18,16 @@ end
 
 -- slots: held leases; queue: every waiter by arrival; deadlines: when each gives up;
 -- seq: arrival counter; backlog: waiting tenants by virtual token counter; vtc / vtc_at: each
--- tenant's counter and when it was last charged; wt / wc: each waiter's tenant and charge.
+-- tenant's counter and when it was last charged; wt / wc: each waiter's tenant and charge;
+-- pushed: waiters pushed out of a full queue, until they notice.
+local TIER_KEYS = 10
+
 local function tier_keys(offset)
   return {
     slots = KEYS[offset + 1], queue = KEYS[offset + 2], deadlines = KEYS[offset + 3],
     seq = KEYS[offset + 4], backlog = KEYS[offset + 5], vtc = KEYS[offset + 6],
     vtc_at = KEYS[offset + 7], wt = KEYS[offset + 8], wc = KEYS[offset + 9],
+    pushed = KEYS[offset + 10],
   }
 end
 

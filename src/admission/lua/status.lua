@@ -4,11 +4,11 @@
 -- ARGV: base per tier, then how many waiting tenants to list per tier
 -- Returns per tier {in flight, queued, leases reclaimed, {tenant, counter, queued, ...}}
 local now = now_ms()
-local tiers = #KEYS / 9
+local tiers = #KEYS / TIER_KEYS
 local listed = tonumber(ARGV[tiers + 1])
 local out = {}
 for i = 1, tiers do
-  local K = tier_keys((i - 1) * 9)
+  local K = tier_keys((i - 1) * TIER_KEYS)
   local base = ARGV[i]
   local reclaimed = reclaim(K.slots, now)
   drop_expired(K, base, now)
