@@ -153,7 +153,8 @@ impl<'de> Deserialize<'de> for TenantEntry {
         match serde_yaml::Value::deserialize(d)? {
             serde_yaml::Value::String(tier) => Ok(Self::of_tier(&tier)),
             v @ serde_yaml::Value::Mapping(_) => {
-                let t: TenantDetail = serde_yaml::from_value(v).map_err(serde::de::Error::custom)?;
+                let t: TenantDetail =
+                    serde_yaml::from_value(v).map_err(serde::de::Error::custom)?;
                 Ok(Self {
                     tier: t.tier,
                     weight: t.weight,
