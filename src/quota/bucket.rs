@@ -172,7 +172,7 @@ pub fn openai_duration(ms: u64) -> String {
     }
     let (h, m) = (ms / 3_600_000, (ms / 60_000) % 60);
     let s_ms = ms % 60_000;
-    let secs = if s_ms % 1000 == 0 {
+    let secs = if s_ms.is_multiple_of(1000) {
         format!("{}s", s_ms / 1000)
     } else {
         let frac = format!("{:03}", s_ms % 1000);

@@ -54,9 +54,12 @@ pub struct Quotas {
     refreshed_at: Mutex<Option<Instant>>,
 }
 
+/// The store and the background services to register with the server.
+pub type Store = (Arc<Quotas>, Vec<Box<dyn ServiceWithDependents>>);
+
 /// The store the config asks for and the background service it needs (with Redis: the charge
 /// batcher and the probe that refreshes `/status` and finds Redis again after an outage).
-pub fn build(cfg: &Config) -> Result<(Arc<Quotas>, Vec<Box<dyn ServiceWithDependents>>), String> {
+pub fn build(cfg: &Config) -> Result<Store, String> {
     let redis = match cfg.redis_url.as_deref() {
         None => None,
         Some(url) => Some(Arc::new(RedisQuota::new(
@@ -236,8 +239,9 @@ impl Quotas {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             out["reachable"] = json!(r.reachable());
-            // Unreachable: each replica enforces budgets on its own buckets.
-            out["fail_open"] = json!(!r.reachable());
+            // Unreachable: each replica enforces budgets on its own buckets. Without any
+            // budget Redis is never asked, so nothing fails open.
+            out["fail_open"] = json!(!r.reachable() && !budgets.is_empty());
             out["fail_open_total"] = json!(self.fail_open_total.load(Ordering::Relaxed));
             out["last_error"] = json!(r.last_error());
             out["refreshed_ms_ago"] = json!(refreshed.map(|t| t.elapsed().as_millis() as u64));
