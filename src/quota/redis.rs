@@ -148,8 +148,9 @@ impl RedisQuota {
                     match op(conn.clone()).await {
                         // After an outage the manager first hands back its last failed
                         // reconnect; one retry within the same bound reaches the new server.
-                        // Safe to repeat: nothing was taken when the call did not arrive.
-                        Err(e) if e.is_io_error() || e.is_connection_refusal() => op(conn).await,
+                        // Only a refused connection is retried: it never carried the call, so
+                        // a retry cannot take twice (a reply lost mid-call could).
+                        Err(e) if e.is_connection_refusal() => op(conn).await,
                         out => out,
                     }
                 };
