@@ -18,6 +18,7 @@ pub mod ops;
 pub mod policy;
 pub mod pools;
 pub mod proxy;
+pub mod quota;
 pub mod server;
 pub mod shaping;
 pub mod signals;

@@ -137,6 +137,7 @@ impl ReloadService {
             .tenants
             .store(Arc::new(TenantDirectory::from_config(&cfg)));
         self.app.hub.set_rules(cfg.policy_rules());
+        self.app.quotas.configure(&cfg);
         self.app.config.store(Arc::new(cfg));
         Ok(())
     }

@@ -62,6 +62,8 @@ pub struct Metrics {
     pub edge_refusals: IntCounterVec,
     /// Connections closed because the client was too slow or idle (`header_read`, `body_lookahead`).
     pub edge_timeouts: IntCounterVec,
+    /// Requests of tenants over their budget served one tier lower, by own tier and tier used.
+    pub quota_demotions: IntCounterVec,
 }
 
 impl Metrics {
@@ -145,6 +147,7 @@ impl Metrics {
             client_connections: igauge("sluice_client_connections", "Open client connections per listener.", &["listener"]),
             edge_refusals: counter("sluice_edge_refusals_total", "Connections and requests refused by the connection guard before Pingora parsed them, by listener and error code (too_many_connections is the per-listener connection limit).", &["listener", "code"]),
             edge_timeouts: counter("sluice_edge_timeouts_total", "Client connections closed by the connection guard for slowness: header_read (limits.header_read_timeout_ms), body_lookahead (limits.body_read_timeout_ms while checking a small body's framing).", &["listener", "phase"]),
+            quota_demotions: counter("sluice_quota_demotions_total", "Requests of tenants over their budget (tenants.<name>.quota) served as the next lower tier, by the tenant's tier and the tier used.", &["tier", "served_as"]),
             tenants: Default::default(),
             registry,
         };

@@ -66,6 +66,7 @@ pub fn build(
     let (pools, health_services) =
         PoolSet::build(&cfg, &backend_tls).map_err(|e| format!("building pools: {e}"))?;
     let (admission, admission_services) = crate::admission::build(&cfg)?;
+    let (quotas, quota_services) = crate::quota::build(&cfg)?;
     let ledger = crate::ledger::build(&cfg, Arc::clone(&hub))?;
     let tls_certs = cfg
         .listen_tls
@@ -79,6 +80,7 @@ pub fn build(
         hub: Arc::clone(&hub),
         pools,
         admission,
+        quotas,
         metrics: Metrics::new(),
         decisions: DecisionRing::new(cfg.decisions.ring_size),
         sinks: ledger.sinks,
@@ -123,6 +125,7 @@ pub fn build(
     }
     server.add_services(crate::signals::prometheus::services(&cfg, hub));
     server.add_services(admission_services);
+    server.add_services(quota_services);
     let phases = std::sync::Mutex::new(Some(server.watch_execution_phase()));
     let drain = DrainService {
         app: Arc::clone(&app),

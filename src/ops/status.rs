@@ -86,6 +86,7 @@ pub fn status(app: &App) -> Value {
         },
         "pools": pools,
         "admission": app.admission.health(),
+        "quotas": app.quotas.status(),
         "ledger": app.sinks.iter().map(|s| s.status()).collect::<Vec<_>>(),
         "telemetry": telemetry(app, now),
         "dependencies": dependencies(app, now)

@@ -45,6 +45,8 @@ reasons! {
     RejectWorkLimit => "reject_work_limit": "Adaptive mode: the pool's work in flight is at this tier's share of its learned work limit, kept for the tiers above.",
     RailPressure => "reject_pressure_rail": "Adaptive mode: the pool's KV-cache usage is at its hard rail: every non-Guaranteed tier is shed at once.",
     RailQueueDepth => "reject_queue_depth_rail": "Adaptive mode: vLLM's waiting queue on the pool is at its hard rail: every non-Guaranteed tier is shed at once.",
+    DemoteQuotaExceeded => "demote_quota_exceeded": "The tenant is over its budget (requests or tokens per minute): served as the next lower tier.",
+    RejectQuotaExceeded => "reject_quota_exceeded": "The tenant is over its budget and its tier (Best-Effort) has no lower tier to serve it as.",
     TierAtCapacity => "tier_at_capacity": "The tier's in-flight capacity is full and the tier does not queue.",
     QueueReleased => "queue_released": "Waited in the tier's queue, then admitted when a slot freed.",
     QueueDropped => "queue_dropped": "The tier's in-flight capacity and its queue are both full.",

@@ -107,10 +107,17 @@ async fn decide_and_admit(app: &App, session: &mut Session, ctx: &mut Ctx) -> St
     ctx.prompt_tokens = policy::work_gate::prompt_tokens_of_body(
         raw.as_ref().map_or(declared.unwrap_or(0), |r| r.len()),
     );
+    let tier = match apply_quota(app, ctx, tier, shapeable).await {
+        Ok(tier) => tier,
+        Err(r) => return Ok(Err(r)),
+    };
     app.pools.first_checks(FIRST_CHECKS_WAIT).await;
     let state = app.hub.state();
     let rules = app.hub.rules();
     decide(app, ctx, &state, &rules, tier, shapeable);
+    if ctx.label == "pass" && ctx.quota.as_ref().is_some_and(|q| q.demoted()) {
+        ctx.reason = Some(Reason::DemoteQuotaExceeded);
+    }
     if let Some(pool) = super::outcome::controller_pool(app, ctx) {
         app.hub.record_outcome(
             pool,
@@ -301,6 +308,46 @@ fn decide(
         ctx.fallback_model = fallback.and_then(|i| app.pools.fallbacks[i].model.clone());
     }
     ctx.decision = Some(decision);
+}
+
+/// The tenant's budget (when it has one): the tier it is served as — one lower when over
+/// budget, so the policy, capacity, queue and pool are the lower tier's — or a 429 when it has
+/// no lower tier. The identity then names the tier used, for the headers and the record.
+async fn apply_quota(
+    app: &App,
+    ctx: &mut Ctx,
+    tier: Tier,
+    shapeable: bool,
+) -> std::result::Result<Tier, Refusal> {
+    let Some(id) = ctx.identity.as_ref().filter(|id| id.quota.is_some()) else {
+        return Ok(tier);
+    };
+    let quota = id.quota.unwrap_or_default();
+    let prompt = shapeable.then_some(ctx.prompt_tokens);
+    let ticket = app.quotas.admit(&id.tenant, quota, tier, prompt).await;
+    let refusal = ticket.refused.then(|| Refusal {
+        retry_after_s: Some(ticket.retry_after_s()),
+        ..Refusal::new(
+            429,
+            Reason::RejectQuotaExceeded,
+            ticket.refusal_body(&id.tenant),
+        )
+    });
+    let served = ticket.served;
+    if ticket.demoted() {
+        app.metrics
+            .quota_demotions
+            .with_label_values(&[tier.as_str(), served.as_str()])
+            .inc();
+    }
+    ctx.quota = Some(ticket);
+    if let Some(r) = refusal {
+        return Err(r);
+    }
+    if let Some(id) = ctx.identity.as_mut() {
+        id.tier = served;
+    }
+    Ok(served)
 }
 
 /// Rewrites a pre-read body now; a larger one that needs a rewrite is buffered later.

@@ -66,4 +66,6 @@ pub struct Ctx {
     pub prompt_tokens: u64,
     /// Its work counted in flight on its pool until the context is dropped.
     pub work: Option<crate::signals::hub::WorkCharge>,
+    /// The tenant's budget check, when it has a budget: tier served as, rate-limit headers.
+    pub quota: Option<crate::quota::Ticket>,
 }

@@ -43,6 +43,8 @@ pub struct App {
     pub hub: Arc<SignalHub>,
     pub pools: Arc<PoolSet>,
     pub admission: Arc<dyn AdmissionControl>,
+    /// Per-tenant budgets (`tenants.<name>.quota`).
+    pub quotas: Arc<crate::quota::Quotas>,
     pub metrics: Metrics,
     pub decisions: DecisionRing,
     /// Durable destinations of decision records (the PostgreSQL ledger when configured).

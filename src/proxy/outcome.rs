@@ -292,6 +292,10 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         queue_outcome: queue_outcome(ctx).map(str::to_string),
     };
     feed_controller(app, ctx, latency, proxied);
+    if let Some(ticket) = &ctx.quota {
+        app.quotas
+            .settle(&record.tenant, ticket, proxied, completion_tokens);
+    }
     let m = &app.metrics;
     m.decisions
         .with_label_values(&[tier_name, label, reason])

@@ -44,6 +44,9 @@ pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
     if let Some(id) = &ctx.identity {
         resp.insert_header("x-sluice-tier", id.tier.as_str())?;
     }
+    for (name, value) in ctx.quota.iter().flat_map(|q| q.headers()) {
+        resp.insert_header(name, value)?;
+    }
     if let (Some(pool), Some(_)) = (ctx.pool, &ctx.backend) {
         resp.insert_header("x-sluice-pool", pool.as_str())?;
     }
