@@ -12,6 +12,7 @@
 mod bare;
 mod live;
 mod model;
+mod model_queue;
 mod overhead;
 mod procs;
 mod record;

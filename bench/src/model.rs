@@ -18,6 +18,7 @@ use sluice::policy::{
 };
 use sluice::signals::vllm_text::Histogram;
 
+use crate::model_queue::{Joined, TierQueue, Waiting};
 use crate::record::{Mode, RequestRecord, Run, Sample};
 use crate::scenario::{Arrival, EventKind, Scenario, SimParams};
 
@@ -138,7 +139,6 @@ impl Engine {
 struct Queued {
     rec: usize,
     enqueued: f64,
-    deadline: f64,
     target: Target,
 }
 
@@ -186,9 +186,11 @@ struct Proxy {
     scrape_ms: u64,
     next_scrape: f64,
     inflight: [u32; 3],
-    queues: [VecDeque<Queued>; 3],
-    queue_max: usize,
+    queues: [TierQueue<Queued>; 3],
     queue_wait_ms: f64,
+    /// Waiters pushed out of a full queue by a tenant with fewer waiters, to answer 429.
+    pushed_out: Vec<Queued>,
+    weights: std::collections::HashMap<String, f64>,
     has_fallback: bool,
     /// Both pools and the fallback are one engine (`backends.shared`).
     shared: bool,
@@ -246,9 +248,21 @@ pub fn run(input: ModelInput<'_>) -> Run {
             scrape_ms: cfg.signals.scrape_interval_ms,
             next_scrape: 0.0,
             inflight: [0; 3],
-            queues: Default::default(),
-            queue_max: cfg.queue.max_size,
+            queues: std::array::from_fn(|_| {
+                TierQueue::new(
+                    cfg.queue.max_size,
+                    cfg.queue
+                        .fair_share
+                        .then(|| cfg.queue.fair_share_half_life_ms()),
+                )
+            }),
             queue_wait_ms: cfg.queue.max_wait_ms() as f64,
+            pushed_out: Vec::new(),
+            weights: cfg
+                .tenants
+                .iter()
+                .map(|(n, t)| (n.clone(), t.weight))
+                .collect(),
             has_fallback: !cfg.fallbacks.is_empty(),
             shared: s.backends.shared,
             outcomes: Default::default(),
@@ -401,10 +415,19 @@ pub fn run(input: ModelInput<'_>) -> Run {
             }
         }
         if let Some(p) = proxy.as_mut() {
+            for x in p.pushed_out.drain(..) {
+                let r = &mut records[x.rec];
+                r.status = 429;
+                r.decision = "queue".into();
+                r.reason = Reason::QueueDropped.as_str().into();
+                r.latency_ms = now - r.at_ms as f64;
+                r.queue_wait_ms = Some(now - x.enqueued);
+                open -= 1;
+            }
             for tier in Tier::ALL {
                 let q = &mut p.queues[tier.index()];
-                while q.front().is_some_and(|x| x.deadline <= now) {
-                    let Some(x) = q.pop_front() else { break };
+                while let Some(w) = q.pop_expired(now) {
+                    let x = w.item;
                     let r = &mut records[x.rec];
                     r.status = 429;
                     r.decision = "queue".into();
@@ -450,14 +473,14 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 }
             }
         }
-        // Slots freed this step go to queued requests, FIFO per tier.
+        // Slots freed this step go to queued requests (fair share between tenants or FIFO).
         if let Some(p) = proxy.as_mut() {
             for tier in Tier::ALL {
                 let cap = p.rules.tier(tier).inflight_capacity;
                 while !p.queues[tier.index()].is_empty()
                     && (cap == 0 || p.inflight[tier.index()] < cap)
                 {
-                    let Some(x) = p.queues[tier.index()].pop_front() else {
+                    let Some(Waiting { item: x, .. }) = p.queues[tier.index()].pop_next(now) else {
                         break;
                     };
                     p.inflight[tier.index()] += 1;
@@ -556,22 +579,37 @@ fn arrive(
     rec.pool = d.pool.as_str().into();
     let tier = a.tier;
     let cap = p.rules.tier(tier).inflight_capacity;
-    if cap == 0 || p.inflight[tier.index()] < cap {
+    let weight = p.weights.get(&a.tenant).copied().unwrap_or(1.0);
+    let charge = sluice::admission::fair::charge_of(a.prompt_tokens + tokens, weight);
+    let q = &mut p.queues[tier.index()];
+    if cap == 0 || (p.inflight[tier.index()] < cap && q.is_empty()) {
         p.inflight[tier.index()] += 1;
+        q.charge(&a.tenant, charge, now);
         if dispatch(engines, pos, a, target, Some(tier), rec, now) {
             return true;
         }
         p.inflight[tier.index()] -= 1;
         return false;
     }
-    if d.queue_eligible && p.queues[tier.index()].len() < p.queue_max {
-        p.queues[tier.index()].push_back(Queued {
-            rec: pos,
-            enqueued: now,
+    if d.queue_eligible {
+        let w = Waiting {
+            item: Queued {
+                rec: pos,
+                enqueued: now,
+                target,
+            },
+            tenant: a.tenant.clone(),
+            charge,
             deadline: now + p.queue_wait_ms,
-            target,
-        });
-        return true;
+        };
+        match q.join(w, now) {
+            Joined::Queued => return true,
+            Joined::PushedOut(x) => {
+                p.pushed_out.push(x.item);
+                return true;
+            }
+            Joined::Full => {}
+        }
     }
     rec.status = 429;
     rec.decision = if d.queue_eligible { "queue" } else { "reject" }.into();

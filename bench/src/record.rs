@@ -24,15 +24,19 @@ pub enum Mode {
     /// Sluice exactly as shipped (`conf/sluice.yaml`: adaptive mode, its defaults), with only
     /// the addresses, tenants and SLA targets of the scenario.
     Adaptive,
+    /// `adaptive` with `queue.fair_share: false`: the tier queue in plain arrival order, the
+    /// yardstick of the fair share between tenants.
+    Fifo,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [
+    pub const ALL: [Mode; 6] = [
         Mode::Baseline,
         Mode::Direct,
         Mode::Phase1,
         Mode::Phase2,
         Mode::Adaptive,
+        Mode::Fifo,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -42,6 +46,7 @@ impl Mode {
             Mode::Phase1 => "phase1",
             Mode::Phase2 => "phase2",
             Mode::Adaptive => "adaptive",
+            Mode::Fifo => "fifo",
         }
     }
 
@@ -50,7 +55,10 @@ impl Mode {
     }
 
     pub fn uses_sluice(self) -> bool {
-        matches!(self, Mode::Phase1 | Mode::Phase2 | Mode::Adaptive)
+        matches!(
+            self,
+            Mode::Phase1 | Mode::Phase2 | Mode::Adaptive | Mode::Fifo
+        )
     }
 }
 
@@ -58,6 +66,7 @@ impl Mode {
 #[derive(Debug, Clone, Serialize)]
 pub struct RequestRecord {
     pub id: usize,
+    pub tenant: String,
     #[serde(serialize_with = "ser_tier")]
     pub tier: Tier,
     /// Scheduled arrival, ms from the run's start.
@@ -86,6 +95,7 @@ impl RequestRecord {
     pub fn pending(a: &Arrival) -> Self {
         Self {
             id: a.id,
+            tenant: a.tenant.clone(),
             tier: a.tier,
             at_ms: a.at_ms,
             send_lag_ms: 0.0,

@@ -71,6 +71,22 @@ pub fn tier_summary(
     duration_s: f64,
 ) -> TierSummary {
     let rs: Vec<&RequestRecord> = records.iter().filter(|r| r.tier == tier).collect();
+    summary_of(tier.as_str(), &rs, sla_ms, duration_s)
+}
+
+/// One tenant's requests (all of one tier in the scenarios), labelled with the tenant.
+pub fn tenant_summary(run: &Run, tenant: &str) -> Option<TierSummary> {
+    let rs: Vec<&RequestRecord> = run.records.iter().filter(|r| r.tenant == tenant).collect();
+    let tier = rs.first()?.tier;
+    Some(summary_of(
+        tenant,
+        &rs,
+        run.sla_ms[tier.index()],
+        run.duration_s,
+    ))
+}
+
+fn summary_of(label: &str, rs: &[&RequestRecord], sla_ms: u64, duration_s: f64) -> TierSummary {
     let completed: Vec<&&RequestRecord> = rs.iter().filter(|r| r.completed()).collect();
     let good: Vec<&&RequestRecord> = completed
         .iter()
@@ -84,7 +100,7 @@ pub fn tier_summary(
     let errors = rs.len() - completed.len() - rejected;
     let dur = duration_s.max(1e-9);
     TierSummary {
-        tier: tier.as_str().into(),
+        tier: label.into(),
         requests: rs.len(),
         completed: completed.len(),
         within_sla: good.len(),
@@ -249,6 +265,8 @@ pub struct RunSummary {
     pub engine: String,
     pub requests: usize,
     pub tiers: Vec<TierSummary>,
+    /// Per tenant (the `tier` field holds the tenant's name).
+    pub tenants: Vec<TierSummary>,
     pub all: TierSummary,
     pub overhead_p50_ms: Option<f64>,
     pub overhead_p99_ms: Option<f64>,
@@ -295,6 +313,15 @@ pub fn summarize(run: &Run) -> RunSummary {
         engine: run.engine.into(),
         requests: run.records.len(),
         tiers,
+        tenants: {
+            let mut names: Vec<&str> = run.records.iter().map(|r| r.tenant.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            names
+                .into_iter()
+                .filter_map(|t| tenant_summary(run, t))
+                .collect()
+        },
         all,
         overhead_p50_ms: run.overhead.map(|o| o.p50_ms),
         overhead_p99_ms: run.overhead.map(|o| o.p99_ms),
@@ -428,6 +455,39 @@ pub fn scenario_table(summaries: &[RunSummary]) -> String {
 }
 
 /// Run-level figures: overhead, transitions, flapping, recovery.
+/// Per tenant and mode: what each tenant of a shared tier got.
+pub fn tenant_table(summaries: &[RunSummary]) -> String {
+    let mut out = String::from(
+        "| tenant | mode | requests | served | within SLA | SLA violations (all) | p50 | p95 | refused | queued |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut names: Vec<&str> = summaries
+        .iter()
+        .flat_map(|s| s.tenants.iter().map(|t| t.tier.as_str()))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        for s in summaries {
+            let Some(t) = s.tenants.iter().find(|t| t.tier == name) else {
+                continue;
+            };
+            out.push_str(&format!(
+                "| {name} | {} | {} | {} | {} | {}% | {} | {} | {} | {} |\n",
+                s.mode,
+                t.requests,
+                t.completed,
+                t.within_sla,
+                fmt_opt(t.viol_all_pct, 1),
+                fmt_ms(t.p50_ms),
+                fmt_ms(t.p95_ms),
+                t.rejected,
+                t.queued
+            ));
+        }
+    }
+    out
+}
+
 pub fn run_table(summaries: &[RunSummary]) -> String {
     let mut s = String::new();
     s.push_str("| mode | overhead p50 / p99 (Sluice histogram) | state transitions | flaps (reversed within cooldown) | reversals within 10 s | recovery: last SLA miss after marker | recovery: tiers back to Normal | max client send lag |\n");
@@ -477,6 +537,7 @@ mod tests {
     fn rec(tier: Tier, at_ms: u64, status: u16, latency_ms: f64) -> RequestRecord {
         RequestRecord {
             id: 0,
+            tenant: format!("{}-tenant", tier.as_str()),
             tier,
             at_ms,
             send_lag_ms: 0.0,

@@ -402,6 +402,11 @@ fn scenario_section(s: &Scenario, sums: &[RunSummary], knobs: &[String], svg: &s
         );
         md.push_str(&report::scenario_table(&rows));
         md.push('\n');
+        if s.per_tenant {
+            md.push_str("Per tenant:\n\n");
+            md.push_str(&report::tenant_table(&rows));
+            md.push('\n');
+        }
         md.push_str(&report::run_table(&rows));
         let routed: Vec<String> = rows
             .iter()

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use sluice::policy::Tier;
 
 /// The built-in scenarios, embedded so the binary runs from any directory.
-pub const BUILT_IN: [(&str, &str); 8] = [
+pub const BUILT_IN: [(&str, &str); 9] = [
     ("seed", include_str!("../scenarios/seed.yaml")),
     (
         "shared-backend",
@@ -27,6 +27,10 @@ pub const BUILT_IN: [(&str, &str); 8] = [
     ),
     ("bursty", include_str!("../scenarios/bursty.yaml")),
     ("tiny", include_str!("../scenarios/tiny.yaml")),
+    (
+        "noisy-neighbour",
+        include_str!("../scenarios/noisy-neighbour.yaml"),
+    ),
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,6 +64,9 @@ pub struct Scenario {
     /// has nothing new to say about `direct`). Empty: every requested mode.
     #[serde(default)]
     pub modes: Vec<String>,
+    /// Report a table per tenant (tenants sharing a tier).
+    #[serde(default)]
+    pub per_tenant: bool,
     /// When the overload is over; recovery time is measured from here.
     #[serde(default)]
     pub recovery_marker_s: Option<f64>,

@@ -84,6 +84,11 @@ pub fn for_mode(
     if mode == Mode::Adaptive {
         return Some(shipped(s, addrs, dir, sla));
     }
+    if mode == Mode::Fifo {
+        let mut cfg = shipped(s, addrs, dir, sla);
+        merge(&mut cfg, &json!({"queue": {"fair_share": false}}));
+        return Some(cfg);
+    }
     let hc = json!({"path": "/health", "interval_ms": 250, "timeout_ms": 500,
                     "consecutive_success": 1, "consecutive_failure": 2});
     let tenants: serde_json::Map<String, Value> = s
@@ -128,7 +133,10 @@ pub fn for_mode(
             o.remove("tiers");
         }
     }
-    merge(&mut cfg, &knobs);
+    // A scenario without tuned knobs (no `sluice:` block) leaves the generated config alone.
+    if !knobs.is_null() {
+        merge(&mut cfg, &knobs);
+    }
     match mode {
         Mode::Phase1 => {
             for t in Tier::ALL {
