@@ -1127,6 +1127,47 @@ mod tests {
         assert_eq!(ns.zcard(&format!("{}:tq:heavy", k.base)).await, 2);
     }
 
+    /// A tenant that comes back with more service than the waiting floor keeps its (fading)
+    /// excess; one with less is lifted to the floor.
+    #[tokio::test]
+    async fn joining_lifts_to_the_floor_or_keeps_a_fading_excess() {
+        let mut ns = Ns::new().await;
+        let k = ns.keys(Tier::Standard);
+        assert_eq!(ns.admit_for(&k, 1, "r", 5000, "heavy", 1000.0).await.0, 1);
+        assert_eq!(ns.enqueue_for(&k, "l1", 10, 5000, "light", 1.0).await, 1);
+        assert_eq!(ns.enqueue_for(&k, "h1", 10, 5000, "heavy", 1.0).await, 1);
+        assert_eq!(ns.enqueue_for(&k, "n1", 10, 5000, "newcomer", 1.0).await, 1);
+        let score = |t: &str| {
+            let mut c = ns.conn.clone();
+            let key = k.backlog.clone();
+            let t = t.to_string();
+            async move {
+                let v: Option<f64> = redis::cmd("ZSCORE")
+                    .arg(key)
+                    .arg(t)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                v.unwrap()
+            }
+        };
+        assert_eq!(
+            score("light").await,
+            0.0,
+            "nobody waited: nothing to lift to"
+        );
+        let heavy = score("heavy").await;
+        assert!(
+            (999.0..=1000.0).contains(&heavy),
+            "excess kept, barely faded: {heavy}"
+        );
+        assert_eq!(
+            score("newcomer").await,
+            0.0,
+            "lifted to the floor (light's 0)"
+        );
+    }
+
     /// The claim script serves the waiting tenant with the least service, FIFO within each:
     /// a light tenant that queues behind a heavy tenant's burst is not served last.
     #[tokio::test]
