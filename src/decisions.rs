@@ -1,5 +1,5 @@
-//! The decision record: one per request, with its reason, the signals it was decided on and its
-//! outcome. Kept in an in-memory ring for `/decisions/recent` and written as one JSON log line.
+//! The decision record: one per request, with its reason, the signals it was decided on (and
+//! every other policy input, for replay) and its outcome. Kept in an in-memory ring for `/decisions/recent` and written as one JSON log line.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -93,6 +93,10 @@ pub struct DecisionRecord {
     pub queue_outcome: Option<String>,
     /// client_gone, upstream_error, upstream_timeout, connect_error, or Sluice's own refusal.
     pub error: Option<String>,
+    /// What the policy decided on, so `sluice replay` can decide it again; `None` when the
+    /// request was refused before the policy ran.
+    #[serde(deserialize_with = "crate::replay::input::lenient")]
+    pub inputs: Option<crate::replay::PolicyInputs>,
 }
 
 pub struct DecisionRing {

@@ -50,6 +50,8 @@ enum Command {
     Sim(sluice::sim::SimArgs),
     /// Run two simulator pools and the proxy on the embedded default config.
     Demo(sluice::demo::DemoArgs),
+    /// Decide recorded traffic again under a candidate config and report what would change.
+    Replay(sluice::replay::ReplayArgs),
 }
 
 fn main() -> ExitCode {
@@ -97,6 +99,7 @@ fn main() -> ExitCode {
                     .map_err(|e| e.to_string())
             }),
         Command::Demo(args) => sluice::demo::run(args),
+        Command::Replay(args) => sluice::replay::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

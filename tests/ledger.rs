@@ -761,6 +761,7 @@ fn writer_throughput() {
             signals: Default::default(),
             queue_outcome: (i % 10 == 0).then(|| "queue_released".into()),
             error: None,
+            inputs: None,
         }));
     }
     let t = Instant::now();

@@ -8,7 +8,7 @@
 //! are both generated from it, so they cannot drift apart.
 
 use super::row::LedgerRow;
-use postgres::types::ToSql;
+use postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
 
 /// How to read one column out of a row; the variant fixes the SQL array type.
 #[derive(Clone, Copy)]
@@ -18,13 +18,51 @@ enum Extract {
     Int4(fn(&LedgerRow) -> i32),
     Float8(fn(&LedgerRow) -> Option<f64>),
     Bool(fn(&LedgerRow) -> Option<bool>),
+    /// Serialised here, on the writer's thread, not on the request path.
+    Json(fn(&LedgerRow) -> Option<String>),
+}
+
+/// JSON text bound as `jsonb` (the `postgres` crate's own JSON support is a feature this build
+/// does not enable): the binary format is a version byte, 1, then the text.
+#[derive(Debug)]
+pub struct Jsonb(pub String);
+
+impl ToSql for Jsonb {
+    fn to_sql(
+        &self,
+        _: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.extend_from_slice(&[1]);
+        out.extend_from_slice(self.0.as_bytes());
+        Ok(IsNull::No)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB
+    }
+
+    to_sql_checked!();
+}
+
+impl<'a> FromSql<'a> for Jsonb {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        match raw.split_first() {
+            Some((1, text)) => Ok(Jsonb(std::str::from_utf8(text)?.to_string())),
+            _ => Err("unsupported jsonb format version".into()),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB
+    }
 }
 
 fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// `decisions` columns in table order (see `migrations/0001_init.sql`).
+/// `decisions` columns in table order (see `migrations/`).
 const DECISION_COLUMNS: &[(&str, Extract)] = &[
     ("request_id", Extract::Text(|r| Some(&r.request_id))),
     (
@@ -92,6 +130,10 @@ const DECISION_COLUMNS: &[(&str, Extract)] = &[
         Extract::Text(|r| r.queue_outcome.as_deref()),
     ),
     ("error", Extract::Text(|r| r.error.as_deref())),
+    (
+        "inputs",
+        Extract::Json(|r| r.inputs.and_then(|i| serde_json::to_string(&i).ok())),
+    ),
 ];
 
 /// The columns `/decisions/recent` selects, in the order [`DECISION_COLUMNS`] has them.
@@ -110,6 +152,7 @@ enum Column<'a> {
     Int4(Vec<i32>),
     Float8(Vec<Option<f64>>),
     Bool(Vec<Option<bool>>),
+    Json(Vec<Option<Jsonb>>),
 }
 
 impl<'a> Column<'a> {
@@ -120,6 +163,7 @@ impl<'a> Column<'a> {
             Extract::Int4(f) => Column::Int4(rows.iter().map(f).collect()),
             Extract::Float8(f) => Column::Float8(rows.iter().map(f).collect()),
             Extract::Bool(f) => Column::Bool(rows.iter().map(f).collect()),
+            Extract::Json(f) => Column::Json(rows.iter().map(|r| f(r).map(Jsonb)).collect()),
         }
     }
 
@@ -130,6 +174,7 @@ impl<'a> Column<'a> {
             Column::Int4(v) => v,
             Column::Float8(v) => v,
             Column::Bool(v) => v,
+            Column::Json(v) => v,
         }
     }
 }
@@ -141,6 +186,7 @@ fn sql_type(extract: &Extract) -> &'static str {
         Extract::Int4(_) => "int4",
         Extract::Float8(_) => "float8",
         Extract::Bool(_) => "bool",
+        Extract::Json(_) => "jsonb",
     }
 }
 
@@ -252,16 +298,19 @@ mod tests {
         let sql = insert_decisions_sql();
         let n = DECISION_COLUMNS.len();
         assert_eq!(
-            n, 33,
+            n, 34,
             "one column per DecisionRecord field, signals flattened, plus completed_at_ms"
         );
-        assert!(sql.contains(&format!("${n}::text[]")));
+        assert!(sql.contains(&format!("${n}::jsonb[]")));
         assert!(!sql.contains(&format!("${}::", n + 1)));
-        let migration = super::super::migrate::MIGRATIONS[0].2;
+        let migrations = super::super::migrate::MIGRATIONS;
         for (name, _) in DECISION_COLUMNS {
             assert!(
-                migration.contains(&format!("    {name} ")),
-                "{name} in 0001_init.sql"
+                migrations
+                    .iter()
+                    .any(|m| m.2.contains(&format!("    {name} "))
+                        || m.2.contains(&format!("ADD COLUMN {name} "))),
+                "{name} in a migration"
             );
         }
         let rows = [row("a", None), row("b", None)];

@@ -8,7 +8,9 @@
 //! `postgres::Client` carries its own small runtime, so one pool can be shared by services that
 //! run on different Pingora runtimes.
 
-use super::batch::{decision_column_list, insert_decisions_sql, Batch, INSERT_QUEUE_EVENTS_SQL};
+use super::batch::{
+    decision_column_list, insert_decisions_sql, Batch, Jsonb, INSERT_QUEUE_EVENTS_SQL,
+};
 use super::row::{LedgerRow, SignalsRow};
 use crate::decisions::RecentFilter;
 use postgres::types::ToSql;
@@ -270,7 +272,7 @@ impl Db {
     }
 }
 
-fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
+pub(super) fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
     let u64_of = |v: Option<i64>| v.map(|v| v.max(0) as u64);
     Ok(LedgerRow {
         request_id: r.try_get("request_id")?,
@@ -307,5 +309,9 @@ fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
         },
         queue_outcome: r.try_get("queue_outcome")?,
         error: r.try_get("error")?,
+        // Inputs this build cannot read leave the row without them (replay counts it).
+        inputs: r
+            .try_get::<_, Option<Jsonb>>("inputs")?
+            .and_then(|j| serde_json::from_str(&j.0).ok()),
     })
 }

@@ -9,8 +9,14 @@ use postgres::GenericClient;
 use sha2::{Digest, Sha256};
 
 /// (version, name, SQL), in the order they apply.
-pub const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "init", include_str!("migrations/0001_init.sql"))];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "init", include_str!("migrations/0001_init.sql")),
+    (
+        2,
+        "replay_inputs",
+        include_str!("migrations/0002_replay_inputs.sql"),
+    ),
+];
 
 /// The advisory-lock key of a schema: stable across processes and builds (not Rust's hasher).
 pub fn lock_key(schema: &str) -> i64 {

@@ -10,9 +10,10 @@
 //! * [`sla`]: the SLA-violation rate computed from the ledger and fed to the policy.
 //! * [`retention`]: batched deletion of rows older than `retention_days`.
 //! * [`query`]: `/decisions/recent` from PostgreSQL.
+//! * [`export`]: rows over a time range, for `sluice replay` and its JSONL export.
 //!
 //! Tables: `decisions` (one row per request, every [`crate::decisions::DecisionRecord`] field
-//! as a column, signals flattened to `signal_*`) and `queue_events` (the queue lifecycle —
+//! as a column, signals flattened to `signal_*`, the replay inputs as `inputs` JSONB) and `queue_events` (the queue lifecycle —
 //! `queue_queued`, `queue_released`, `queue_timed_out`, `queue_dropped` — one row per event,
 //! derived from the record's `queue_outcome` and `queue_wait_ms` and written in the same
 //! transaction as its decision row). A separate table rather than extra columns because a
@@ -20,6 +21,7 @@
 
 pub mod batch;
 pub mod db;
+pub mod export;
 pub mod migrate;
 pub mod query;
 pub mod retention;

@@ -77,6 +77,7 @@ pub fn sanitized(r: &DecisionRecord) -> LedgerRow {
             },
             queue_outcome: opt_text(r.queue_outcome.as_deref()),
             error: opt_text(r.error.as_deref()),
+            inputs: r.inputs,
         }
     }
 }
@@ -167,6 +168,7 @@ mod tests {
             },
             queue_outcome: Some("queue_released".into()),
             error: None,
+            inputs: None,
         }
     }
 

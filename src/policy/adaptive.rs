@@ -144,7 +144,7 @@ pub fn ladder(rules: &PolicyRules, pool: Pool) -> Vec<Step> {
 }
 
 /// Where the level rests when a rail trips: every shed step fully applied.
-fn rail_level(steps: &[Step]) -> f64 {
+pub fn rail_level(steps: &[Step]) -> f64 {
     steps
         .iter()
         .rposition(|s| s.kind == StepKind::Shed)
@@ -426,15 +426,7 @@ impl PoolController {
         let n = steps.len() as f64;
         self.level = self.level.min(n);
 
-        let rail = match (signals.pressure, signals.queue_depth) {
-            (Some(p), _) if tuning.rail_pressure_at.is_some_and(|r| p >= r) => {
-                Some(RailKind::Pressure)
-            }
-            (_, Some(q)) if tuning.rail_queue_depth_at.is_some_and(|r| q >= r) => {
-                Some(RailKind::QueueDepth)
-            }
-            _ => None,
-        };
+        let rail = rail_of(tuning, signals);
         let mut moved = Movement::Hold;
         if let Some(kind) = rail {
             let floor = rail_level(&steps);
@@ -512,6 +504,17 @@ impl PoolController {
             work_limit,
             inflight_work: signals.inflight_work,
         }
+    }
+}
+
+/// The hard rail a pool's own signals trip, if any (KV usage first).
+pub fn rail_of(tuning: &AdaptiveTuning, signals: &PoolSignals) -> Option<RailKind> {
+    match (signals.pressure, signals.queue_depth) {
+        (Some(p), _) if tuning.rail_pressure_at.is_some_and(|r| p >= r) => Some(RailKind::Pressure),
+        (_, Some(q)) if tuning.rail_queue_depth_at.is_some_and(|r| q >= r) => {
+            Some(RailKind::QueueDepth)
+        }
+        _ => None,
     }
 }
 

@@ -298,6 +298,13 @@ fn decide(
         inflight_work: app.hub.inflight_work(),
     };
     let decision = policy::decide(state, rules, &facts);
+    ctx.inputs = Some(crate::replay::PolicyInputs::capture(
+        state,
+        rules,
+        &facts,
+        &decision,
+        app.hub.clock(),
+    ));
     ctx.label = decision.action.name();
     ctx.reason = Some(decision.reason);
     ctx.pool = Some(decision.pool);

@@ -30,6 +30,8 @@ pub struct Ctx {
     pub ops: bool,
     pub identity: Option<Identity>,
     pub decision: Option<Decision>,
+    /// What `decision` was decided on, for the record (and `sluice replay`).
+    pub inputs: Option<crate::replay::PolicyInputs>,
     /// The final decision label and reason (queue and refusals override the policy's).
     pub label: &'static str,
     pub reason: Option<Reason>,

@@ -235,11 +235,8 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         ctx.label
     };
     let reason = ctx.reason.map_or("", Reason::as_str);
-    let signals = ctx
-        .decision
-        .as_ref()
-        .map(|_| app.hub.state().signals)
-        .unwrap_or_default();
+    // The signals of the sample the decision read, not of the one in force now.
+    let signals = ctx.inputs.map(|i| i.pools[0].signals()).unwrap_or_default();
     let req = session.req_header();
     let record = DecisionRecord {
         request_id: std::mem::take(&mut ctx.request_id),
@@ -290,6 +287,7 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         },
         error: ctx.error.clone(),
         queue_outcome: queue_outcome(ctx).map(str::to_string),
+        inputs: ctx.inputs,
     };
     feed_controller(app, ctx, latency, proxied);
     if let Some(ticket) = &ctx.quota {
