@@ -208,6 +208,14 @@ async fn the_ledger_replays_unchanged_under_its_config_and_a_stricter_threshold_
     wait_rows(&schema, sent).await;
     let rows = rows(&schema).await;
     assert_eq!(rows.len(), sent);
+    assert!(
+        rows.iter().all(|r| r["inputs"]["v"] == 1),
+        "every row has inputs"
+    );
+    let recent = s.recent("limit=3").await;
+    assert!(recent
+        .iter()
+        .all(|d| d["inputs"]["decided"]["action"].is_string()));
 
     let recorded = replay(&[
         "--config",

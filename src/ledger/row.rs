@@ -168,8 +168,29 @@ mod tests {
             },
             queue_outcome: Some("queue_released".into()),
             error: None,
-            inputs: None,
+            inputs: Some(inputs()),
         }
+    }
+
+    /// Replay inputs as a request path captures them, so the spool's JSON carries them too.
+    fn inputs() -> crate::replay::PolicyInputs {
+        use crate::policy::{decide, PolicyState, RequestFacts, Tier};
+        let rules = crate::policy::tenant_policy::PolicyRules::default();
+        let state = PolicyState::initial();
+        let facts = RequestFacts {
+            tier: Tier::Standard,
+            shapeable: true,
+            fallback_available: false,
+            spot_healthy: true,
+            fallback_pool: None,
+            ticket: 42,
+            prompt_tokens: 9,
+            max_tokens: Some(1000),
+            inflight_work: [10.0, 0.0],
+        };
+        let d = decide(&state, &rules, &facts);
+        let clock = crate::signals::hub::Clock::new();
+        crate::replay::PolicyInputs::capture(&state, &rules, &facts, &d, clock)
     }
 
     #[test]

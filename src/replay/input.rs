@@ -320,19 +320,18 @@ impl PolicyInputs {
     }
 }
 
-/// FNV-1a over 64-bit words: stable across builds and platforms (not Rust's hasher), which a
-/// value stored in the ledger and compared by a later binary needs.
-struct Fnv(u64);
+/// A word-at-a-time hash (FxHash's step, splitmix64's finaliser): defined here, so stable
+/// across builds and platforms as a value stored in the ledger and compared by a later binary
+/// must be (Rust's own hasher is not), and one multiply per word because it runs per request.
+struct Hash(u64);
 
-impl Fnv {
+impl Hash {
     fn new() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
+        Hash(0xcbf2_9ce4_8422_2325)
     }
 
     fn word(&mut self, w: u64) -> &mut Self {
-        for b in w.to_le_bytes() {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
         self
     }
 
@@ -355,7 +354,11 @@ impl Fnv {
     }
 
     fn finish(&self) -> u32 {
-        (self.0 ^ (self.0 >> 32)) as u32
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z ^ (z >> 32)) as u32
     }
 }
 
@@ -370,7 +373,7 @@ fn pool_code(p: Pool) -> u64 {
 /// The fingerprints of `rules` for a request of `tier`.
 pub fn fingerprint(rules: &PolicyRules, tier: Tier) -> RulesFingerprint {
     let s = &rules.stability;
-    let mut h = Fnv::new();
+    let mut h = Hash::new();
     h.word(rules.mode as u64)
         .thresholds(&rules.tier(tier).thresholds)
         .word(u64::from(s.consecutive_samples))
@@ -381,7 +384,7 @@ pub fn fingerprint(rules: &PolicyRules, tier: Tier) -> RulesFingerprint {
     let tier_fp = h.finish();
 
     let f = &rules.fallback;
-    let mut h = Fnv::new();
+    let mut h = Hash::new();
     h.f(f.pressure_at)
         .f(f.recover_below)
         .word(u64::from(f.sustained_intervals))
@@ -389,7 +392,7 @@ pub fn fingerprint(rules: &PolicyRules, tier: Tier) -> RulesFingerprint {
     let fallback = h.finish();
 
     let a = &rules.adaptive;
-    let mut h = Fnv::new();
+    let mut h = Hash::new();
     h.word(a.window_ms)
         .f(a.quantile)
         .word(a.min_samples as u64)

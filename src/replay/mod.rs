@@ -73,13 +73,16 @@ pub enum ReplayCommand {
     /// Write the ledger's decision records over a time range as JSONL (one record per line),
     /// the input of `sluice replay --jsonl`
     Export {
+        /// The PostgreSQL ledger's URL
         #[arg(long, required = true)]
         database_url: String,
         /// The ledger's schema
         #[arg(long, default_value = "public")]
         schema: String,
+        /// Start of the range: RFC 3339, unix ms, or a span ago (24h)
         #[arg(long, required = true)]
         since: String,
+        /// End of the range (exclusive) [default: now]
         #[arg(long)]
         until: Option<String>,
         /// Write here instead of standard output

@@ -2,7 +2,7 @@
 //! replay export`, the `sluice::request` log lines, a ledger spool segment, or a saved
 //! `/decisions/recent` answer) — and what of each record replay keeps.
 
-use super::input::{ActionKind, PolicyInputs, VERSION};
+use super::input::{PolicyInputs, VERSION};
 use crate::decisions::DecisionRecord;
 use crate::policy::Tier;
 use serde::Serialize;
@@ -27,13 +27,6 @@ pub struct Item {
 pub struct Served {
     pub latency_ms: f64,
     pub violated: bool,
-}
-
-impl Item {
-    /// The recorded policy action, and whether the policy's answer was to refuse.
-    pub fn policy_refused(&self) -> bool {
-        self.inputs.decided.action == ActionKind::Reject
-    }
 }
 
 /// Records read but not replayed, by why.
