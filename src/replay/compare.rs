@@ -14,7 +14,7 @@ use super::input::{fingerprint, ActionKind, Decided, PolicyInputs};
 use super::rederive::Rederived;
 use super::source::Item;
 use crate::policy::adaptive::ladder;
-use crate::policy::tenant_policy::PolicyRules;
+use crate::policy::tenant_policy::{FallbackCapacity, PolicyRules};
 use crate::policy::{self, PolicyMode, PolicyState, Pool, Tier};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -121,8 +121,7 @@ pub fn replay(items: &[Item], rules: &PolicyRules) -> Replay {
         .map(|it| {
             let rec: &PolicyInputs = &it.inputs;
             *notes.recorded_modes.entry(rec.mode.as_str()).or_default() += 1;
-            let (mut tier_state, mut fallback_active) =
-                (rec.tier_state(it.tier), rec.fallback_active);
+            let (mut tier_state, mut fallback_active) = (rec.tier_state(), rec.fallback_active);
             if thresholds {
                 let (tier_stale, fallback_stale) = stale(it);
                 let again = rebuilt.as_ref().and_then(|r| r.at(it));
@@ -141,7 +140,14 @@ pub fn replay(items: &[Item], rules: &PolicyRules) -> Replay {
                 notes.level_under_other_knobs += 1;
             }
             rec.fill_state(&mut state, rules, &ladders, tier_state, fallback_active);
-            let d = policy::decide(&state, rules, &rec.request_facts(it.tier));
+            let mut facts = rec.request_facts();
+            // Without fallbacks in the candidate there is none to be usable; one it adds has no
+            // recorded health, so a recorded "none usable" stands.
+            if rules.fallback_capacity == FallbackCapacity::None {
+                facts.fallback_available = false;
+                facts.fallback_pool = None;
+            }
+            let d = policy::decide(&state, rules, &facts);
             let replayed = Decided::of(&d);
             judge(it, rec.decided, replayed, rules, &estimator)
         })
@@ -363,7 +369,12 @@ pub(super) mod tests {
     }
 
     /// A recorded item decided by `rules` on `state`.
-    fn recorded(state: &PolicyState, rules: &PolicyRules, tier: Tier, at: u64) -> Item {
+    pub(in super::super) fn recorded(
+        state: &PolicyState,
+        rules: &PolicyRules,
+        tier: Tier,
+        at: u64,
+    ) -> Item {
         let f = facts(tier, at.wrapping_mul(2_654_435_761));
         let d = policy::decide(state, rules, &f);
         Item {
@@ -495,6 +506,23 @@ pub(super) mod tests {
         assert!(s.tiers["Standard"].changed > 0);
         assert_eq!(r.notes.level_under_other_knobs, items.len() as u64);
         assert_eq!(s.tiers["Guaranteed"].changed, 0);
+
+        // No fallback configured: nothing can be moved, whatever availability was recorded.
+        assert!(
+            summarise(&items, &replay(&items, &rules).outcomes).tiers["Standard"]
+                .recorded
+                .fallback
+                > 0
+        );
+        let mut nofallback = rules.clone();
+        nofallback.fallback_capacity = FallbackCapacity::None;
+        let r = replay(&items, &nofallback);
+        let s = summarise(&items, &r.outcomes);
+        assert_eq!(s.total.candidate.fallback, 0);
+        assert_eq!(
+            s.tiers["Standard"].changed,
+            s.tiers["Standard"].recorded.fallback
+        );
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub struct PolicyInputs {
     pub epoch_ms: u64,
     pub facts: Facts,
     /// Thresholds mode's reading of the request's tier.
-    pub tier: TierRead,
+    pub tier_state: TierRead,
     pub fallback_active: bool,
     /// On-demand then spot: their signals and their adaptive controllers' published control.
     pub pools: [PoolRead; 2],
@@ -40,9 +40,12 @@ pub struct PolicyInputs {
     pub decided: Decided,
 }
 
-/// [`RequestFacts`] but the tier, which the record names.
+/// [`RequestFacts`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Facts {
+    /// The tier the policy judged (a demoted tenant's is not its own).
+    #[serde(with = "code")]
+    pub tier: Tier,
     pub shapeable: bool,
     pub fallback_available: bool,
     pub spot_healthy: bool,
@@ -223,6 +226,7 @@ impl PolicyInputs {
             sample_ms: state.at,
             epoch_ms: epoch_ms(clock),
             facts: Facts {
+                tier: facts.tier,
                 shapeable: facts.shapeable,
                 fallback_available: facts.fallback_available,
                 spot_healthy: facts.spot_healthy,
@@ -232,7 +236,7 @@ impl PolicyInputs {
                 max_tokens: facts.max_tokens,
                 inflight_work: facts.inflight_work.map(finite),
             },
-            tier: TierRead {
+            tier_state: TierRead {
                 state: t.state,
                 driver: t.driver,
                 fail_open: t.fail_open,
@@ -245,10 +249,10 @@ impl PolicyInputs {
         }
     }
 
-    pub fn request_facts(&self, tier: Tier) -> RequestFacts {
+    pub fn request_facts(&self) -> RequestFacts {
         let f = &self.facts;
         RequestFacts {
-            tier,
+            tier: f.tier,
             shapeable: f.shapeable,
             fallback_available: f.fallback_available,
             spot_healthy: f.spot_healthy,
@@ -261,7 +265,7 @@ impl PolicyInputs {
     }
 
     /// Fills `state` with what `rules` (the candidate's) would have published at this record's
-    /// sample, for a request of `tier`. `tier_state` and `fallback_active` are the thresholds
+    /// sample, for this request. `tier_state` and `fallback_active` are the thresholds
     /// parts to use (the recorded ones when the rules behind them match, see
     /// [`RulesFingerprint`]); `ladders` are `rules`' ladders per pool.
     ///
@@ -308,14 +312,15 @@ impl PolicyInputs {
         state.at = self.sample_ms;
     }
 
-    /// The recorded thresholds reading of `tier`.
-    pub fn tier_state(&self, tier: Tier) -> TierState {
+    /// The recorded thresholds reading of the request's tier.
+    pub fn tier_state(&self) -> TierState {
+        let t = &self.tier_state;
         TierState {
-            tier,
-            state: self.tier.state,
-            driver: self.tier.driver,
-            fail_open: self.tier.fail_open,
-            pressure_unavailable: self.tier.pressure_unavailable,
+            tier: self.facts.tier,
+            state: t.state,
+            driver: t.driver,
+            fail_open: t.fail_open,
+            pressure_unavailable: t.pressure_unavailable,
         }
     }
 }
@@ -462,6 +467,15 @@ impl Code for SignalKind {
             SignalKind::QueueDepth,
             SignalKind::SlaViolationRate,
         ]
+    }
+    fn code(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl Code for Tier {
+    fn all() -> &'static [Self] {
+        &Tier::ALL
     }
     fn code(self) -> &'static str {
         self.as_str()

@@ -64,3 +64,62 @@ impl<'a> Rederived<'a> {
         self.states.get(&key).copied()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::compare::tests::recorded;
+    use super::*;
+    use crate::policy::{PolicyMode, PressureState, Tier};
+
+    /// With every sample seen by some request, the recorded rules rebuild exactly the recorded
+    /// states — under the shipped stability (two samples, a cooldown, hysteresis) and fallback
+    /// tracker, where every state depends on history — and two lifetimes of one replica, whose
+    /// policy clocks both start at 0, are kept apart.
+    #[test]
+    fn the_recorded_rules_rebuild_the_recorded_states() {
+        let rules = PolicyRules {
+            mode: PolicyMode::Thresholds,
+            ..PolicyRules::default()
+        };
+        let runs: [(&str, u64, &[f64]); 3] = [
+            (
+                "a",
+                1,
+                &[
+                    20.0, 72.0, 75.0, 80.0, 92.0, 95.0, 96.0, 88.0, 70.0, 66.0, 64.0, 20.0,
+                ],
+            ),
+            ("a", 2, &[90.0, 91.0, 92.0, 50.0, 40.0, 30.0, 20.0, 10.0]),
+            ("b", 1, &[61.0, 59.0, 58.0, 71.0, 71.0, 10.0]),
+        ];
+        let mut items = Vec::new();
+        for (replica, epoch, pressures) in runs {
+            let mut engine = crate::policy::PolicyEngine::new(rules.clone());
+            for (i, p) in pressures.iter().enumerate() {
+                let sig = PoolSignals {
+                    pressure: Some(*p),
+                    ..Default::default()
+                };
+                let at = i as u64 * 1000;
+                let s = engine.observe(&sig, &PoolSignals::default(), at);
+                for tier in Tier::ALL {
+                    let mut it = recorded(&s, &rules, tier, at + tier.index() as u64);
+                    it.replica = replica.into();
+                    it.inputs.epoch_ms = epoch;
+                    items.push(it);
+                }
+            }
+        }
+        super::super::source::sort(&mut items);
+        let rebuilt = Rederived::run(&items, &rules);
+        assert_eq!(rebuilt.samples(), 12 + 8 + 6);
+        for it in &items {
+            let s = rebuilt.at(it).unwrap();
+            assert_eq!(s.tiers[it.tier.index()], it.inputs.tier_state(), "{it:?}");
+            assert_eq!(s.fallback_active, it.inputs.fallback_active);
+        }
+        let seen = |st| items.iter().any(|i| i.inputs.tier_state.state == st);
+        assert!(seen(PressureState::Elevated) && seen(PressureState::Critical));
+        assert!(items.iter().any(|i| i.inputs.fallback_active));
+    }
+}

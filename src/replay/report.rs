@@ -324,6 +324,9 @@ fn limitations(mode: &str, n: &Notes) -> Vec<String> {
         "Each request keeps its recorded tier (after any demotion); a changed tenant-to-tier \
          mapping is not replayed."
             .to_string(),
+        "Backend health and fallback availability are as recorded: a candidate without \
+         fallbacks moves nothing to one, and a fallback it adds is not assumed usable."
+            .to_string(),
     ];
     if mode == PolicyMode::Thresholds.as_str() {
         if n.tier_state_rebuilt + n.fallback_rebuilt > 0 {

@@ -15,6 +15,7 @@ pub struct Item {
     pub received_at_ms: u64,
     pub replica: String,
     pub tenant: String,
+    /// The tier the policy judged.
     pub tier: Tier,
     pub inputs: PolicyInputs,
     /// Answered by a backend to the end: its latency and whether it missed its target.
@@ -64,10 +65,6 @@ pub fn item_of(r: DecisionRecord, skipped: &mut Skipped) -> Option<Item> {
         skipped.other_version += 1;
         return None;
     }
-    let Some(tier) = tier else {
-        skipped.not_decided += 1;
-        return None;
-    };
     Some(Item {
         served: r.sla_violated.map(|violated| Served {
             latency_ms: r.latency_ms,
@@ -78,7 +75,7 @@ pub fn item_of(r: DecisionRecord, skipped: &mut Skipped) -> Option<Item> {
         received_at_ms: r.received_at_ms,
         replica: r.replica,
         tenant: r.tenant,
-        tier,
+        tier: inputs.facts.tier,
         inputs,
     })
 }
