@@ -321,8 +321,8 @@ fn limitations(mode: &str, n: &Notes) -> Vec<String> {
          levels that later requests saw, so the effect of shedding or capping on everyone else's \
          latency is not estimated."
             .to_string(),
-        "Each request keeps its recorded tier (after any demotion); a changed tenant-to-tier \
-         mapping is not replayed."
+        "Each request keeps the tier it was judged at (after any quota demotion); a changed \
+         tenant-to-tier mapping or quota is not replayed."
             .to_string(),
         "Backend health and fallback availability are as recorded: a candidate without \
          fallbacks moves nothing to one, and a fallback it adds is not assumed usable."
