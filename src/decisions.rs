@@ -1,5 +1,6 @@
 //! The decision record: one per request, with its reason, the signals it was decided on (and
-//! every other policy input, for replay) and its outcome. Kept in an in-memory ring for `/decisions/recent` and written as one JSON log line.
+//! every other policy input, for replay) and its outcome. Kept in an in-memory ring for
+//! `/decisions/recent` and written as one JSON log line.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
