@@ -20,6 +20,13 @@ trait NsExt {
     fn zcount(&self, tier: Tier, kind: &str) -> u64;
     async fn coordinator(&self, replica: &str, lease_ms: u64) -> RedisAdmission;
     async fn coordinator_with(&self, replica: &str, lease_ms: u64, op_ms: u64) -> RedisAdmission;
+    async fn coordinator_full(
+        &self,
+        replica: &str,
+        lease_ms: u64,
+        op_ms: u64,
+        credits: bool,
+    ) -> RedisAdmission;
     async fn wait_empty(&self, tier: Tier, kind: &str);
 }
 
@@ -34,6 +41,16 @@ impl NsExt for Ns {
     }
 
     async fn coordinator_with(&self, replica: &str, lease_ms: u64, op_ms: u64) -> RedisAdmission {
+        self.coordinator_full(replica, lease_ms, op_ms, false).await
+    }
+
+    async fn coordinator_full(
+        &self,
+        replica: &str,
+        lease_ms: u64,
+        op_ms: u64,
+        credits: bool,
+    ) -> RedisAdmission {
         let a = RedisAdmission::new(RedisSettings {
             url: self.url.clone(),
             prefix: self.prefix.clone(),
@@ -42,6 +59,7 @@ impl NsExt for Ns {
             replica: replica.into(),
             capacities: [0; 3],
             fair_share: Default::default(),
+            credits,
         })
         .unwrap();
         a.connect().await.unwrap();
@@ -440,4 +458,61 @@ fn coordination_config_defaults_overrides_and_validation() {
         let e = load(yaml, &[]).unwrap_err();
         assert!(e.contains(expected), "{yaml}: {e}");
     }
+}
+
+/// Capacity credits: far from the bound, most admissions are served from a replica's leased
+/// block without a Redis round trip; the bound stays exact (credits are slots), and near it the
+/// idle credits go back so one replica can still fill the tier to the last slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn credits_spare_round_trips_far_from_the_bound_and_keep_it_exact() {
+    const CAP: u32 = 128;
+    let ns = Ns::new(&test_url());
+    let mut cs = Vec::new();
+    for r in ["a", "b", "c"] {
+        let c = ns.coordinator_full(r, 5000, 1000, true).await;
+        c.spawn_background();
+        cs.push(c);
+    }
+    // Steady traffic well below the bound: admit and finish, over and over.
+    for _ in 0..200 {
+        for c in &cs {
+            let a = c.admit(Tier::Guaranteed, CAP, None).await;
+            assert_eq!(outcome(&a), Ok(false));
+            drop(a);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let served_from_credits: u64 = cs
+        .iter()
+        .map(|c| c.health()["credit_admissions_total"].as_u64().unwrap())
+        .sum();
+    assert!(
+        served_from_credits >= 500,
+        "{served_from_credits} of 600 admissions came from credits"
+    );
+    assert!(ns.zcount(Tier::Guaranteed, "slots") <= u64::from(CAP) / 2);
+
+    // Fill the tier from all three: the bound never gives, whoever holds the credits.
+    let mut held = Vec::new();
+    let mut refusals = 0;
+    while refusals < 30 {
+        let c = &cs[held.len() % 3];
+        match c.admit(Tier::Guaranteed, CAP, None).await {
+            a @ Admission::Admitted { .. } => held.push(a),
+            Admission::Refused { .. } => {
+                refusals += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        assert!(held.len() <= CAP as usize, "bound exceeded");
+        assert!(ns.zcount(Tier::Guaranteed, "slots") <= u64::from(CAP));
+    }
+    // Contended: the idle credits went back, so the tier filled to its last slot.
+    assert_eq!(held.len(), CAP as usize);
+    assert!(cs.iter().all(|c| c.health()["idle_credits"] == 0));
+    drop(held);
+    for c in &cs {
+        c.retire_credits().await;
+    }
+    ns.wait_empty(Tier::Guaranteed, "slots").await;
 }

@@ -5,6 +5,7 @@
 //! slot in its per-request context, which lives until the response body (a whole SSE stream
 //! included) has been sent or the client went away — not merely until headers were written.
 
+mod credits;
 pub mod fair;
 mod local;
 mod redis;

@@ -33,6 +33,7 @@
 //! are not hash-tagged for Redis Cluster, and the per-tenant queue keys are derived inside the
 //! scripts.
 
+use super::credits::{self, Credits};
 use super::{fair, Admission, AdmissionControl, Claim, FairShareSettings, QueueParams, Slot};
 use super::{TenantShare, TierAdmission};
 use crate::config::Config;
@@ -78,6 +79,7 @@ struct Scripts {
     leave: Script,
     renew: Script,
     status: Script,
+    grant: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -88,11 +90,13 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     leave: Script::new(lua!("leave.lua")),
     renew: Script::new(lua!("renew.lua")),
     status: Script::new(lua!("status.lua")),
+    grant: Script::new(lua!("grant.lua")),
 });
 
 impl Scripts {
-    fn all(&self) -> [&Script; 7] {
+    fn all(&self) -> [&Script; 8] {
         [
+            &self.grant,
             &self.admit,
             &self.enqueue,
             &self.claim,
@@ -117,6 +121,8 @@ pub struct RedisSettings {
     /// Reported by `status()` until the first admission of a tier says otherwise.
     pub capacities: [u32; 3],
     pub fair_share: FairShareSettings,
+    /// `coordination.capacity_credits` (see [`credits`]).
+    pub credits: bool,
 }
 
 impl RedisSettings {
@@ -130,6 +136,7 @@ impl RedisSettings {
             replica: replica.to_string(),
             capacities: Tier::ALL.map(|t| rules.tier(t).inflight_capacity),
             fair_share: FairShareSettings::from_config(cfg),
+            credits: cfg.coordination.capacity_credits,
         }
     }
 }
@@ -224,6 +231,13 @@ struct Inner {
     fail_open_inflight: AtomicU64,
     reclaimed_total: AtomicU64,
     lost_total: AtomicU64,
+    credits: [Mutex<Credits>; 3],
+    credits_enabled: bool,
+    /// Set when the process drains: idle credits go back and no new block is asked for.
+    credits_retired: AtomicBool,
+    credit_admissions_total: AtomicU64,
+    /// Wakes the credit keeper when a tier's idle credits run low.
+    credit_wake: tokio::sync::Notify,
     /// Slots given back, on their way to the release batcher (started on first use).
     releases: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<(Tier, String)>>,
 }
@@ -270,6 +284,11 @@ impl RedisAdmission {
                 fail_open_inflight: AtomicU64::new(0),
                 reclaimed_total: AtomicU64::new(0),
                 lost_total: AtomicU64::new(0),
+                credits: Default::default(),
+                credits_enabled: s.credits,
+                credits_retired: AtomicBool::new(false),
+                credit_admissions_total: AtomicU64::new(0),
+                credit_wake: tokio::sync::Notify::new(),
                 releases: std::sync::OnceLock::new(),
             }),
         })
@@ -284,7 +303,11 @@ impl RedisAdmission {
     /// Lease renewal and the status refresher (which also connects and reconnects); runs until
     /// its runtime ends.
     pub async fn run_background(&self) {
-        tokio::join!(self.inner.status_loop(), self.inner.renew_loop());
+        tokio::join!(
+            self.inner.status_loop(),
+            self.inner.renew_loop(),
+            self.inner.credit_loop()
+        );
     }
 
     /// [`run_background`](Self::run_background) on the current runtime, for embedding without
@@ -300,6 +323,33 @@ impl RedisAdmission {
             "redis admission",
             Background(self.clone()),
         ))
+    }
+
+    /// Gives every idle credit back and stops asking for more (the process is draining).
+    pub async fn retire_credits(&self) {
+        self.inner.credits_retired.store(true, Ordering::Release);
+        for tier in Tier::ALL {
+            self.inner.tend_credits(tier).await;
+        }
+    }
+
+    /// A slot from this replica's credits, when the tier uses them and is not contended.
+    fn credit_slot(&self, tier: Tier, capacity: u32) -> Option<Slot> {
+        let inner = &self.inner;
+        if !inner.credits_enabled {
+            return None;
+        }
+        let block = credits::block_for(capacity)?;
+        let (member, wake) = lock(&inner.credits[tier.index()]).take(block);
+        if wake {
+            inner.credit_wake.notify_one();
+        }
+        let member = member?;
+        inner
+            .credit_admissions_total
+            .fetch_add(1, Ordering::Relaxed);
+        let inner = Arc::clone(inner);
+        Some(Slot::new(move || inner.return_credit(tier, member)))
     }
 
     fn fail_open(&self, queued_for: Option<Duration>) -> Admission {
@@ -322,10 +372,18 @@ struct Background(RedisAdmission);
 
 #[async_trait]
 impl BackgroundService for Background {
-    async fn start(&self, _shutdown: ShutdownWatch) {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
         // Streams still draining during a graceful shutdown hold slots whose leases must stay
-        // renewed, so this keeps running until the runtime itself is dropped.
-        self.0.run_background().await
+        // renewed, so this keeps running until the runtime itself is dropped; only the idle
+        // credits go back at once, for the replicas that stay.
+        let run = self.0.run_background();
+        tokio::pin!(run);
+        tokio::select! {
+            _ = &mut run => return,
+            _ = shutdown.changed() => {}
+        }
+        self.0.retire_credits().await;
+        run.await
     }
 }
 
@@ -516,6 +574,11 @@ impl Inner {
             let mut held = self.held(tier);
             let lost = missing.iter().filter(|m| held.remove(*m)).count() as u64;
             drop(held);
+            if !missing.is_empty() {
+                lock(&self.credits[tier.index()])
+                    .idle
+                    .retain(|m| !missing.contains(m));
+            }
             if lost > 0 {
                 self.lost_total.fetch_add(lost, Ordering::Relaxed);
                 log::warn!(
@@ -525,6 +588,87 @@ impl Inner {
                 );
             }
         }
+    }
+
+    /// A finished request's credit: back to this replica's block, or to Redis when the tier is
+    /// contended. A credit whose lease lapsed is gone already.
+    fn return_credit(self: &Arc<Self>, tier: Tier, member: String) {
+        if !self.held(tier).contains(&member) {
+            return;
+        }
+        let kept = lock(&self.credits[tier.index()]).give_back(member.clone());
+        if !kept {
+            self.held(tier).remove(&member);
+            self.queue_release(tier, member);
+        }
+    }
+
+    /// Keeps each tier's credits: idle ones go back while the tier is contended, a new block is
+    /// asked for when they run low.
+    async fn credit_loop(&self) {
+        if !self.credits_enabled {
+            return;
+        }
+        loop {
+            tokio::select! {
+                _ = self.credit_wake.notified() => {}
+                _ = tokio::time::sleep(STATUS_EVERY) => {}
+            }
+            if !self.reachable.load(Ordering::Acquire) {
+                continue;
+            }
+            for tier in Tier::ALL {
+                self.tend_credits(tier).await;
+            }
+        }
+    }
+
+    async fn tend_credits(&self, tier: Tier) {
+        let i = tier.index();
+        let capacity = self.capacity[i].load(Ordering::Relaxed);
+        let block = credits::block_for(capacity);
+        let contended = block.is_none()
+            || self.credits_retired.load(Ordering::Acquire)
+            || credits::contended(
+                capacity,
+                self.inflight[i].load(Ordering::Relaxed),
+                self.queued[i].load(Ordering::Relaxed),
+            );
+        let (idle, grant) = {
+            let mut c = lock(&self.credits[i]);
+            c.returning = contended;
+            if contended {
+                (std::mem::take(&mut c.idle), None)
+            } else {
+                (Vec::new(), block.filter(|_| c.start_grant()))
+            }
+        };
+        if !idle.is_empty() {
+            {
+                let mut held = self.held(tier);
+                for m in &idle {
+                    held.remove(m);
+                }
+            }
+            let batch: Vec<(Tier, String)> = idle.into_iter().map(|m| (tier, m)).collect();
+            self.release_many(&batch).await;
+        }
+        let Some(block) = grant else {
+            return;
+        };
+        let first = self.next_id.fetch_add(u64::from(block), Ordering::Relaxed);
+        let mut inv = self.keys[i].invoke(&SCRIPTS.grant);
+        inv.arg(capacity)
+            .arg(block)
+            .arg(self.lease_ms)
+            .arg(format!("{}:c", self.replica))
+            .arg(first);
+        let granted: Vec<String> = self.call(&inv).await.unwrap_or_default();
+        // Held (renewed) before anyone can take them.
+        self.held(tier).extend(granted.iter().cloned());
+        let mut c = lock(&self.credits[i]);
+        c.granting = false;
+        c.idle.extend(granted);
     }
 
     async fn release(&self, tier: Tier, member: &str) {
@@ -689,6 +833,13 @@ impl AdmissionControl for RedisAdmission {
         if !inner.reachable.load(Ordering::Acquire) {
             return self.fail_open(None);
         }
+        if let Some(slot) = self.credit_slot(tier, capacity) {
+            return Admission::Admitted {
+                slot,
+                queued_for: None,
+                fail_open: false,
+            };
+        }
         let started = Instant::now();
         let keys = &inner.keys[tier.index()];
         let mut pending = Pending {
@@ -850,6 +1001,8 @@ impl AdmissionControl for RedisAdmission {
             "reclaimed_leases_total": inner.reclaimed_total.load(Ordering::Relaxed),
             "lost_leases_total": inner.lost_total.load(Ordering::Relaxed),
             "held_slots": held,
+            "idle_credits": Tier::ALL.iter().map(|&t| lock(&inner.credits[t.index()]).idle.len()).sum::<usize>(),
+            "credit_admissions_total": inner.credit_admissions_total.load(Ordering::Relaxed),
             "lease_ms": inner.lease_ms,
             "status_age_ms": h.refreshed_at.map(|t| t.elapsed().as_millis() as u64),
             "replica": inner.replica,
@@ -1219,6 +1372,7 @@ mod tests {
             replica: "unit".into(),
             capacities: [0, 0, 0],
             fair_share: Default::default(),
+            credits: false,
         }
     }
 

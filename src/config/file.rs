@@ -768,6 +768,9 @@ pub struct CoordinationConfig {
     /// Bound on every Redis call; admission fails open past it, so a hung Redis cannot stall
     /// requests. Default 250.
     pub op_timeout_ms: u64,
+    /// Lease blocks of slots to each replica while a tier (capacity ≥ 64, or unlimited) is far
+    /// from its bound, so most admissions need no Redis round trip. Default true.
+    pub capacity_credits: bool,
 }
 
 impl Default for CoordinationConfig {
@@ -776,6 +779,7 @@ impl Default for CoordinationConfig {
             redis_prefix: "sluice".into(),
             lease_seconds: 5.0,
             op_timeout_ms: 250,
+            capacity_credits: true,
         }
     }
 }
