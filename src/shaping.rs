@@ -74,11 +74,53 @@ pub fn facts_of(obj: &Map<String, Value>) -> BodyFacts {
     }
 }
 
-/// Reads the facts without rewriting (for bodies that pass).
+/// Reads the facts without rewriting (for bodies that pass): the same answer as
+/// [`facts_of`] over the parsed object, but the rest of the body (the messages above all) is
+/// only checked, not built into a tree.
 pub fn facts(body: &[u8]) -> Option<BodyFacts> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(obj)) => Some(facts_of(&obj)),
-        _ => None,
+    serde_json::from_slice::<FactsOnly>(body).ok().map(|f| f.0)
+}
+
+struct FactsOnly(BodyFacts);
+
+impl<'de> serde::Deserialize<'de> for FactsOnly {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(FactsVisitor)
+    }
+}
+
+struct FactsVisitor;
+
+impl<'de> serde::de::Visitor<'de> for FactsVisitor {
+    type Value = FactsOnly;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    /// Later duplicates win, as they do in a parsed [`Value`].
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FactsOnly, A::Error> {
+        let (mut model, mut max_tokens, mut max_completion_tokens, mut stream) =
+            (None, None, None, None);
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "model" => model = Some(map.next_value::<Value>()?),
+                "max_tokens" => max_tokens = Some(map.next_value::<Value>()?),
+                "max_completion_tokens" => max_completion_tokens = Some(map.next_value::<Value>()?),
+                "stream" => stream = Some(map.next_value::<Value>()?),
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(FactsOnly(BodyFacts {
+            model: model.as_ref().and_then(Value::as_str).map(str::to_string),
+            max_tokens: max_completion_tokens
+                .or(max_tokens)
+                .as_ref()
+                .and_then(Value::as_i64),
+            stream: stream.as_ref().and_then(Value::as_bool).unwrap_or(false),
+        }))
     }
 }
 
@@ -115,6 +157,31 @@ fn apply_model(obj: &mut Map<String, Value>, model: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The streaming reader answers exactly what the parsed object does, duplicates and odd
+    /// types included.
+    #[test]
+    fn facts_match_the_parsed_object() {
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"user","content":"hi \"x\""}],"max_tokens":5}"#,
+            r#"{"model":"a","model":"b","max_tokens":1,"max_tokens":2,"stream":true}"#,
+            r#"{"max_completion_tokens":null,"max_tokens":7}"#,
+            r#"{"max_completion_tokens":9,"max_tokens":7,"stream":"yes"}"#,
+            r#"{"model":3,"max_tokens":1.5,"nested":{"model":"no"}}"#,
+            r#"{"mod\u0065l":"escaped-key"}"#,
+            r#"[1,2]"#,
+            r#"{"model":"m"} trailing"#,
+            r#"{"model":"#,
+            r#"not json"#,
+        ];
+        for b in bodies {
+            let want = match serde_json::from_slice::<Value>(b.as_bytes()) {
+                Ok(Value::Object(o)) => Some(facts_of(&o)),
+                _ => None,
+            };
+            assert_eq!(facts(b.as_bytes()), want, "{b}");
+        }
+    }
 
     fn rewritten(body: &str, cap: Option<u32>, model: Option<&str>) -> Value {
         match shape(body.as_bytes(), cap, model) {

@@ -366,6 +366,11 @@ fn shape(
 ) -> std::result::Result<(), Refusal> {
     let needs_rewrite = ctx.cap.is_some() || ctx.fallback_model.is_some();
     match raw {
+        // Nothing to change: the facts read at pre-read say all there is (no second parse).
+        Some(_) if !needs_rewrite && ctx.facts.is_none() => {
+            ctx.reason = Some(Reason::BodyNotJsonForwarded)
+        }
+        Some(_) if !needs_rewrite => {}
         Some(raw) => match shaping::shape(&raw, ctx.cap, ctx.fallback_model.as_deref()) {
             Shaped::Unchanged(_) => {}
             Shaped::Rewritten {
