@@ -98,13 +98,13 @@ mod tests {
     #[test]
     fn credits_circulate_until_the_tier_is_contended() {
         let mut c = Credits {
-            idle: vec!["c1".into(), "c2".into()],
+            idle: vec!["c1".into(), "c2".into(), "c3".into()],
             ..Default::default()
         };
         let (m, wake) = c.take(4);
         assert!(!wake, "half a block left is enough");
         assert!(c.give_back(m.unwrap()));
-        assert_eq!(c.idle.len(), 2);
+        assert_eq!(c.idle.len(), 3);
         assert!(!c.start_grant(), "nobody asked");
         let _ = c.take(4);
         let (_, wake) = c.take(4);
@@ -115,6 +115,6 @@ mod tests {
         c.granting = false;
         c.returning = true;
         assert_eq!(c.take(4), (None, false));
-        assert!(!c.give_back("c3".into()), "goes back to Redis");
+        assert!(!c.give_back("c4".into()), "goes back to Redis");
     }
 }
