@@ -727,11 +727,17 @@ impl Default for LimitsConfig {
 pub struct DecisionsConfig {
     /// Recent decisions kept in memory for `/decisions/recent`.
     pub ring_size: usize,
+    /// Whether the request log line carries the policy inputs replay needs (~0.5 KB a line).
+    /// Unset: only when there is no ledger, which records them otherwise.
+    pub log_inputs: Option<bool>,
 }
 
 impl Default for DecisionsConfig {
     fn default() -> Self {
-        Self { ring_size: 1000 }
+        Self {
+            ring_size: 1000,
+            log_inputs: None,
+        }
     }
 }
 

@@ -238,7 +238,7 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
     // The signals of the sample the decision read, not of the one in force now.
     let signals = ctx.inputs.map(|i| i.pools[0].signals()).unwrap_or_default();
     let req = session.req_header();
-    let record = DecisionRecord {
+    let mut record = DecisionRecord {
         request_id: std::mem::take(&mut ctx.request_id),
         received_at_ms: ctx.received_at_ms,
         replica: app.replica.clone(),
@@ -333,10 +333,24 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
     // Straight to the log writer: the record is already one JSON line, and env_logger's
     // formatter would copy it twice and scan every byte for colour codes.
     if log::log_enabled!(target: "sluice::request", log::Level::Info) {
+        // Written once, where the durable record is: with a ledger the inputs go there only.
+        let cfg = app.config.load();
+        let log_inputs = cfg
+            .decisions
+            .log_inputs
+            .unwrap_or(cfg.database_url.is_none());
+        let inputs = if log_inputs {
+            None
+        } else {
+            record.inputs.take()
+        };
         if let (Some(w), Ok(mut line)) = (crate::log_writer::stderr(), serde_json::to_vec(&record))
         {
             line.push(b'\n');
             w.write(line);
+        }
+        if inputs.is_some() {
+            record.inputs = inputs;
         }
     }
     let record = Arc::new(record);
