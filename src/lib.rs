@@ -19,6 +19,7 @@ pub mod policy;
 pub mod pools;
 pub mod proxy;
 pub mod quota;
+mod redis_conn;
 pub mod replay;
 pub mod server;
 pub mod shaping;

@@ -391,6 +391,9 @@ async fn redis_outage_fails_open_visibly_and_admission_returns_to_redis() {
         assert!(start.elapsed() < Duration::from_secs(5), "recovers");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The hung call reached Redis once it resumed and took a slot; its attempt's cleanup gives
+    // it back.
+    ns.wait_empty(Tier::Standard, "slots").await;
     assert_eq!(
         outcome(&a.admit(Tier::Standard, 1, None).await),
         Ok(false),

@@ -43,7 +43,7 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::ServiceWithDependents;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
@@ -64,6 +64,8 @@ const RECONNECT_AFTER_FAILURES: u32 = 8;
 macro_rules! lua {
     ($file:literal) => {
         concat!(
+            include_str!("../redis_clock.lua"),
+            "\n",
             include_str!("lua/prelude.lua"),
             "\n",
             include_str!(concat!("lua/", $file))
@@ -473,29 +475,9 @@ impl Inner {
     }
 
     async fn try_connect(&self) -> Result<(), String> {
-        // No built-in retries: their backoff starts at a second and would hold every call
-        // behind it; the status loop retries every STATUS_EVERY instead.
-        let connect_timeout = (self.op_timeout * 4).max(Duration::from_secs(1));
-        let config = ConnectionManagerConfig::new()
-            .set_number_of_retries(0)
-            .set_max_delay(STATUS_EVERY.as_millis() as u64)
-            .set_connection_timeout(connect_timeout);
-        let connecting = ConnectionManager::new_with_config(self.client.clone(), config);
-        let mut conn = match tokio::time::timeout(connect_timeout, connecting).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(format!("connecting: {e}")),
-            Err(_) => return Err("connecting: timed out".into()),
-        };
-        // Loaded once here so request-path calls are plain EVALSHA; after a Redis restart the
-        // first call of each script reloads it on NOSCRIPT.
-        for script in SCRIPTS.all() {
-            let load = script.load_async(&mut conn);
-            match tokio::time::timeout(connect_timeout, load).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(format!("loading scripts: {e}")),
-                Err(_) => return Err("loading scripts: timed out".into()),
-            }
-        }
+        let conn =
+            crate::redis_conn::connect(&self.client, self.op_timeout, STATUS_EVERY, &SCRIPTS.all())
+                .await?;
         self.conn.store(Some(Arc::new(conn)));
         self.mark_reachable();
         Ok(())

@@ -13,7 +13,7 @@
 use super::bucket::{Dim, Verdict};
 use crate::config::QuotaConfig;
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
@@ -27,6 +27,8 @@ const BATCH_MAX: usize = 256;
 macro_rules! lua {
     ($file:literal) => {
         concat!(
+            include_str!("../redis_clock.lua"),
+            "\n",
             include_str!("lua/prelude.lua"),
             "\n",
             include_str!(concat!("lua/", $file))
@@ -183,26 +185,10 @@ impl RedisQuota {
     }
 
     async fn try_connect(&self) -> Result<(), String> {
-        // No built-in retries: their backoff would hold every call behind it; the background
-        // probe retries every REFRESH_EVERY instead.
-        let connect_timeout = (self.op_timeout * 4).max(Duration::from_secs(1));
-        let config = ConnectionManagerConfig::new()
-            .set_number_of_retries(0)
-            .set_max_delay(REFRESH_EVERY.as_millis() as u64)
-            .set_connection_timeout(connect_timeout);
-        let connecting = ConnectionManager::new_with_config(self.client.clone(), config);
-        let mut conn = match tokio::time::timeout(connect_timeout, connecting).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(format!("connecting: {e}")),
-            Err(_) => return Err("connecting: timed out".into()),
-        };
-        for script in [&SCRIPTS.take, &SCRIPTS.charge, &SCRIPTS.peek] {
-            match tokio::time::timeout(connect_timeout, script.load_async(&mut conn)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(format!("loading scripts: {e}")),
-                Err(_) => return Err("loading scripts: timed out".into()),
-            }
-        }
+        let scripts = [&SCRIPTS.take, &SCRIPTS.charge, &SCRIPTS.peek];
+        let conn =
+            crate::redis_conn::connect(&self.client, self.op_timeout, REFRESH_EVERY, &scripts)
+                .await?;
         self.conn.store(Some(Arc::new(conn)));
         self.mark(&Ok(()));
         Ok(())

@@ -1,20 +1,10 @@
--- Shared head of every admission script (prepended in Rust). Time comes from Redis, never
--- from the replicas, so lease expiry and queue deadlines mean the same on every replica even
--- when their clocks disagree.
+-- Shared head of every admission script (prepended in Rust, after src/redis_clock.lua).
 --
 -- Every per-tier script gets the tier's keys in the same order (tier_keys) and the tier's key
 -- base as ARGV[1]: each tenant's own FIFO lives at `<base>:tq:<tenant>`, a key the script
 -- derives, which is why these keys are not Redis Cluster-safe (see redis.rs).
 
--- Redis < 5 must be told to replicate effects before a script may write after reading TIME.
-if redis.replicate_commands then
-  redis.replicate_commands()
-end
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- now_ms() comes from src/redis_clock.lua, prepended before this file.
 
 -- slots: held leases; queue: every waiter by arrival; deadlines: when each gives up;
 -- seq: arrival counter; backlog: waiting tenants by virtual token counter; vtc / vtc_at: each

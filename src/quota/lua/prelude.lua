@@ -4,15 +4,7 @@
 -- A bucket is a hash {r = requests level, t = tokens level, ts = last update, ms}. Time is
 -- Redis's (TIME), so replicas with skewed clocks refill alike.
 
--- Redis < 5 must be told to replicate effects before a script may write after reading TIME.
-if redis.replicate_commands then
-  redis.replicate_commands()
-end
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- now_ms() comes from src/redis_clock.lua, prepended before this file.
 
 -- A level refilled over `elapsed` ms; nil when the dimension has no limit (0).
 local function refilled(stored, limit, elapsed)
