@@ -140,6 +140,17 @@ async fn weighted_tokens(replicas: &[Sluice], secs: u64) -> (u64, u64) {
     (gold, bronze)
 }
 
+/// Over 8 s of both tenants waiting, gold (weight 3) is served 3× bronze's tokens, ± 10 %.
+async fn assert_three_to_one(replicas: &[Sluice]) {
+    let (gold, bronze) = weighted_tokens(replicas, 8).await;
+    let share = gold as f64 / bronze as f64;
+    eprintln!("gold:bronze tokens {gold}:{bronze} = {share:.3}");
+    assert!(
+        (2.7..=3.3).contains(&share),
+        "gold:bronze tokens {gold}:{bronze} = {share:.2}, want 3 ± 10 %"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_light_tenant_is_served_alongside_a_heavy_burst_not_behind_it() {
     let sim = sim("llama-3-70b", &["--itl-ms", "2"]).await;
@@ -169,13 +180,7 @@ async fn a_light_tenant_is_served_alongside_a_heavy_burst_not_behind_it() {
 async fn weights_divide_a_contended_tier_by_tokens() {
     let sim = sim("llama-3-70b", &[]).await;
     let replicas = cluster(&sim, 1, true, None).await;
-    let (gold, bronze) = weighted_tokens(&replicas, 8).await;
-    let share = gold as f64 / bronze as f64;
-    eprintln!("gold:bronze tokens {gold}:{bronze} = {share:.3}");
-    assert!(
-        (2.7..=3.3).contains(&share),
-        "gold:bronze tokens {gold}:{bronze} = {share:.2}, want 3 ± 10 %"
-    );
+    assert_three_to_one(&replicas).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -187,13 +192,7 @@ async fn fair_share_holds_across_three_replicas_on_redis() {
     eprintln!("fair share, three replicas: light mean completion rank {rank:.3}");
     assert!(rank <= 0.45, "light mean completion rank {rank:.2}");
 
-    let (gold, bronze) = weighted_tokens(&replicas, 8).await;
-    let share = gold as f64 / bronze as f64;
-    eprintln!("gold:bronze tokens {gold}:{bronze} = {share:.3}");
-    assert!(
-        (2.7..=3.3).contains(&share),
-        "gold:bronze tokens {gold}:{bronze} = {share:.2}, want 3 ± 10 %"
-    );
+    assert_three_to_one(&replicas).await;
     drop(replicas);
     wait_for(
         Duration::from_secs(10),
