@@ -184,6 +184,35 @@ fn assert_nothing_changes(report: &Value, rows: usize) {
 /// Thresholds mode: the ledger replayed with the config in force changes nothing; with
 /// Best-Effort's KV-pressure critical_at lowered from 60 to 40, exactly the Best-Effort
 /// requests the ledger shows admitted at 40 % or more turn into refusals.
+/// The ledger since `since` replayed under the config that recorded it: pass, degrade and
+/// reject were all recorded (so the check can fail), and no decision changes.
+fn replay_ledger_unchanged(
+    config: &std::path::Path,
+    schema: &Schema,
+    since: &str,
+    sent: usize,
+) -> Value {
+    let out = replay(&[
+        "--config",
+        path(config),
+        "--database-url",
+        PG_URL,
+        "--schema",
+        &schema.0,
+        "--since",
+        since,
+    ]);
+    let actions = &out["total"]["recorded"];
+    for a in ["pass", "degrade", "reject"] {
+        assert!(
+            actions[a].as_u64().unwrap() > 0,
+            "no {a} recorded: {actions}"
+        );
+    }
+    assert_nothing_changes(&out, sent);
+    out
+}
+
 #[tokio::test]
 async fn the_ledger_replays_unchanged_under_its_config_and_a_stricter_threshold_is_counted() {
     let od = sim("llama-3-70b", &["--itl-ms", "1.5"]).await;
@@ -217,25 +246,8 @@ async fn the_ledger_replays_unchanged_under_its_config_and_a_stricter_threshold_
         .iter()
         .all(|d| d["inputs"]["decided"]["action"].is_string()));
 
-    let recorded = replay(&[
-        "--config",
-        path(&s.dir.join("sluice.yaml")),
-        "--database-url",
-        PG_URL,
-        "--schema",
-        &schema.0,
-        "--since",
-        &since,
-    ]);
     // The test can only fail if the recording exercised the policy: several actions.
-    let actions = &recorded["total"]["recorded"];
-    for a in ["pass", "degrade", "reject"] {
-        assert!(
-            actions[a].as_u64().unwrap() > 0,
-            "no {a} recorded: {actions}"
-        );
-    }
-    assert_nothing_changes(&recorded, sent);
+    let recorded = replay_ledger_unchanged(&s.dir.join("sluice.yaml"), &schema, &since, sent);
     assert_eq!(recorded["state"]["tier_state_rebuilt"], 0);
 
     // By hand from the rows: Best-Effort is Critical at pressure ≥ 40 or queue ≥ 8 now.
@@ -395,24 +407,7 @@ async fn jsonl_exports_and_the_request_log_replay_like_the_ledger_in_adaptive_mo
     std::fs::write(&log, s.log()).unwrap();
 
     let config = dir.join("sluice.yaml");
-    let from_ledger = replay(&[
-        "--config",
-        path(&config),
-        "--database-url",
-        PG_URL,
-        "--schema",
-        &schema.0,
-        "--since",
-        &since,
-    ]);
-    let actions = &from_ledger["total"]["recorded"];
-    for a in ["pass", "degrade", "reject"] {
-        assert!(
-            actions[a].as_u64().unwrap() > 0,
-            "no {a} recorded: {actions}"
-        );
-    }
-    assert_nothing_changes(&from_ledger, sent);
+    let from_ledger = replay_ledger_unchanged(&config, &schema, &since, sent);
     for file in [&export, &log] {
         let r = replay(&["--config", path(&config), "--jsonl", path(file)]);
         assert_nothing_changes(&r, sent);
