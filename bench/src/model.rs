@@ -416,24 +416,18 @@ pub fn run(input: ModelInput<'_>) -> Run {
         }
         if let Some(p) = proxy.as_mut() {
             for x in p.pushed_out.drain(..) {
-                let r = &mut records[x.rec];
-                r.status = 429;
-                r.decision = "queue".into();
-                r.reason = Reason::QueueDropped.as_str().into();
-                r.latency_ms = now - r.at_ms as f64;
-                r.queue_wait_ms = Some(now - x.enqueued);
+                refuse_waiter(&mut records[x.rec], &x, Reason::QueueDropped, now);
                 open -= 1;
             }
             for tier in Tier::ALL {
                 let q = &mut p.queues[tier.index()];
                 while let Some(w) = q.pop_expired(now) {
-                    let x = w.item;
-                    let r = &mut records[x.rec];
-                    r.status = 429;
-                    r.decision = "queue".into();
-                    r.reason = Reason::QueueTimedOut.as_str().into();
-                    r.latency_ms = now - r.at_ms as f64;
-                    r.queue_wait_ms = Some(now - x.enqueued);
+                    refuse_waiter(
+                        &mut records[w.item.rec],
+                        &w.item,
+                        Reason::QueueTimedOut,
+                        now,
+                    );
                     open -= 1;
                 }
             }
@@ -621,6 +615,15 @@ fn arrive(
     .as_str()
     .into();
     false
+}
+
+/// A queued request answered 429 without being served.
+fn refuse_waiter(r: &mut RequestRecord, x: &Queued, reason: Reason, now: f64) {
+    r.status = 429;
+    r.decision = "queue".into();
+    r.reason = reason.as_str().into();
+    r.latency_ms = now - r.at_ms as f64;
+    r.queue_wait_ms = Some(now - x.enqueued);
 }
 
 /// Hands a request (its index in the run's records) to a backend; false when the backend
