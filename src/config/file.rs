@@ -824,6 +824,11 @@ pub struct LedgerConfig {
     /// PostgreSQL schema holding the ledger's tables, created if missing (`SLUICE_LEDGER_SCHEMA`).
     /// Default `public`.
     pub schema: String,
+    /// Whether a batch counts as written only once PostgreSQL has flushed its WAL to disk
+    /// (`synchronous_commit` of the writer's sessions). `false` saves the flush per batch but a
+    /// PostgreSQL crash (not an outage: the spool covers that) can then lose the last few
+    /// hundred milliseconds of batches Sluice already let go. Default true.
+    pub synchronous_commit: bool,
 }
 
 impl Default for LedgerConfig {
@@ -838,6 +843,7 @@ impl Default for LedgerConfig {
             sla_window_seconds: 60,
             sla_window_requests: 0,
             schema: "public".into(),
+            synchronous_commit: true,
         }
     }
 }

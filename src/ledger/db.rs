@@ -9,7 +9,8 @@
 //! run on different Pingora runtimes.
 
 use super::batch::{
-    decision_column_list, insert_decisions_sql, Batch, Jsonb, INSERT_QUEUE_EVENTS_SQL,
+    copy_decisions_sql, decision_column_list, insert_decisions_sql, Batch, CopyBatch, Jsonb,
+    COPY_QUEUE_EVENTS_SQL, INSERT_QUEUE_EVENTS_SQL,
 };
 use super::row::{LedgerRow, SignalsRow};
 use crate::decisions::RecentFilter;
@@ -17,7 +18,9 @@ use postgres::types::ToSql;
 use postgres::NoTls;
 use r2d2_postgres::PostgresConnectionManager;
 use sha2::{Digest, Sha256};
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::time::Duration;
 
 pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
@@ -72,6 +75,15 @@ pub struct SlaWindow {
 }
 
 impl SlaWindow {
+    fn add(&mut self, tier: String, completed: i64, violated: i64) {
+        let (c, v) = (completed.max(0) as u64, violated.max(0) as u64);
+        self.completed += c;
+        self.violated += v;
+        let t = self.per_tier.entry(tier).or_default();
+        t.0 += c;
+        t.1 += v;
+    }
+
     /// Violations among completed requests; an idle window has violated nothing.
     pub fn rate(&self) -> f64 {
         if self.completed == 0 {
@@ -82,19 +94,29 @@ impl SlaWindow {
     }
 }
 
+/// The width of the SLA window's per-tier counts (`sla_seconds`, migration 0002).
+pub const SLA_SECOND_MS: u64 = 1000;
+
 #[derive(Clone)]
 pub struct Db {
     write: PgPool,
     read: PgPool,
     schema: String,
     insert_sql: String,
+    copy_sql: String,
     identity: String,
 }
 
-fn pool(base: &postgres::Config, schema: &str, statement_timeout_ms: u64, max_size: u32) -> PgPool {
+fn pool(
+    base: &postgres::Config,
+    schema: &str,
+    statement_timeout_ms: u64,
+    max_size: u32,
+    extra: &str,
+) -> PgPool {
     let mut cfg = base.clone();
     let options = format!(
-        "{} -c search_path={schema} -c statement_timeout={statement_timeout_ms}",
+        "{} -c search_path={schema} -c statement_timeout={statement_timeout_ms}{extra}",
         base.get_options().unwrap_or("")
     );
     cfg.options(options.trim())
@@ -123,6 +145,12 @@ fn err(e: impl std::fmt::Display) -> String {
 impl Db {
     /// Parses the URL and prepares the pools without connecting. `schema` must be validated.
     pub fn new(url: &str, schema: &str) -> Result<Db, String> {
+        Db::with_commit(url, schema, true)
+    }
+
+    /// [`Db::new`], choosing whether the writer's commits wait for the WAL flush
+    /// (`ledger.synchronous_commit`; see the README's ledger section for the trade-off).
+    pub fn with_commit(url: &str, schema: &str, synchronous_commit: bool) -> Result<Db, String> {
         let base: postgres::Config = url
             .parse()
             .map_err(|e| format!("database_url is not a usable PostgreSQL URL: {e}"))?;
@@ -133,11 +161,17 @@ impl Db {
             base.get_dbname(),
             base.get_user()
         );
+        let commit = if synchronous_commit {
+            ""
+        } else {
+            " -c synchronous_commit=off"
+        };
         Ok(Db {
-            write: pool(&base, schema, WRITE_STATEMENT_TIMEOUT_MS, 2),
-            read: pool(&base, schema, READ_STATEMENT_TIMEOUT_MS, 4),
+            write: pool(&base, schema, WRITE_STATEMENT_TIMEOUT_MS, 2, commit),
+            read: pool(&base, schema, READ_STATEMENT_TIMEOUT_MS, 4, ""),
             schema: schema.to_string(),
             insert_sql: insert_decisions_sql(),
+            copy_sql: copy_decisions_sql(),
             identity,
         })
     }
@@ -157,9 +191,42 @@ impl Db {
         super::migrate::run(&mut c, &self.schema).map_err(err)
     }
 
+    /// Writes a batch of fresh rows (never written before) with binary `COPY`, its queue events
+    /// in the same transaction; returns the rows written. A row already present (a client that
+    /// reused an `x-request-id` within the same millisecond) fails the whole `COPY` as
+    /// [`InsertError::Rejected`]: the caller then falls back to [`Db::insert`].
+    pub fn copy(&self, batch: &CopyBatch) -> Result<u64, InsertError> {
+        if batch.rows() == 0 {
+            return Ok(0);
+        }
+        let mut c = self
+            .write
+            .get()
+            .map_err(|e| InsertError::Unavailable(e.to_string()))?;
+        let copy = |w: &mut postgres::CopyInWriter<'_>, data: &[u8]| {
+            w.write_all(data)
+                .map_err(|e| InsertError::Unavailable(e.to_string()))
+        };
+        if batch.queue_event_count() == 0 {
+            // One statement commits on its own: no BEGIN and COMMIT round trips.
+            let mut w = c.copy_in(self.copy_sql.as_str()).map_err(insert_error)?;
+            copy(&mut w, batch.decisions())?;
+            return w.finish().map_err(insert_error);
+        }
+        let mut tx = c.transaction().map_err(insert_error)?;
+        let mut w = tx.copy_in(self.copy_sql.as_str()).map_err(insert_error)?;
+        copy(&mut w, batch.decisions())?;
+        let n = w.finish().map_err(insert_error)?;
+        let mut w = tx.copy_in(COPY_QUEUE_EVENTS_SQL).map_err(insert_error)?;
+        copy(&mut w, batch.queue_events())?;
+        w.finish().map_err(insert_error)?;
+        tx.commit().map_err(insert_error)?;
+        Ok(n)
+    }
+
     /// Inserts a batch and its queue events in one transaction; returns the rows that were new
     /// (a replayed row already present is skipped).
-    pub fn insert(&self, rows: &[LedgerRow]) -> Result<u64, InsertError> {
+    pub fn insert<R: Borrow<LedgerRow>>(&self, rows: &[R]) -> Result<u64, InsertError> {
         if rows.is_empty() {
             return Ok(0);
         }
@@ -223,30 +290,105 @@ impl Db {
 
     /// Completed proxied requests (`sla_violated` set) that finished at or after `since_ms`,
     /// at most the newest `last_n` of them.
+    ///
+    /// Whole seconds come from `sla_seconds` (one row per second and tier, kept by a trigger in
+    /// the rows' own transactions); only the window's partial first second is counted row by
+    /// row. With `last_n`, seconds are taken newest first until the cap falls inside one, whose
+    /// newest rows are then read one by one: exact, and never a scan of the whole window.
     pub fn sla_window(&self, since_ms: u64, last_n: Option<u64>) -> Result<SlaWindow, String> {
+        let whole_from = since_ms
+            .div_ceil(SLA_SECOND_MS)
+            .saturating_mul(SLA_SECOND_MS);
         let since = i64::try_from(since_ms).unwrap_or(i64::MAX);
-        let limit = last_n.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        let whole = i64::try_from(whole_from).unwrap_or(i64::MAX);
         let mut c = self.read.get_timeout(READ_CHECKOUT).map_err(err)?;
-        let rows = c
-            .query(
-                "SELECT tier, count(*), count(*) FILTER (WHERE sla_violated)
-                 FROM (SELECT tier, sla_violated FROM decisions
-                       WHERE sla_violated IS NOT NULL AND completed_at_ms >= $1
-                       ORDER BY completed_at_ms DESC LIMIT $2) w
-                 GROUP BY tier",
-                &[&since, &limit],
-            )
-            .map_err(err)?;
         let mut w = SlaWindow::default();
-        for r in rows {
-            let tier: String = r.try_get(0).map_err(err)?;
-            let completed = r.try_get::<_, i64>(1).map_err(err)?.max(0) as u64;
-            let violated = r.try_get::<_, i64>(2).map_err(err)?.max(0) as u64;
-            w.completed += completed;
-            w.violated += violated;
-            w.per_tier.insert(tier, (completed, violated));
+        let Some(cap) = last_n else {
+            // One statement, so the seconds and the edge's rows come from one snapshot.
+            let rows = c
+                .query(
+                    "SELECT tier, sum(completed)::int8, sum(violated)::int8 FROM (
+                         SELECT tier, completed, violated FROM sla_seconds WHERE second_ms >= $2
+                         UNION ALL
+                         SELECT tier, 1, sla_violated::int FROM decisions
+                         WHERE sla_violated IS NOT NULL
+                           AND completed_at_ms >= $1 AND completed_at_ms < $2
+                     ) w GROUP BY tier",
+                    &[&since, &whole],
+                )
+                .map_err(err)?;
+            for r in rows {
+                w.add(
+                    r.try_get(0).map_err(err)?,
+                    r.try_get(1).map_err(err)?,
+                    r.try_get(2).map_err(err)?,
+                );
+            }
+            return Ok(w);
+        };
+        let mut tx = c
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(err)?;
+        let seconds = tx
+            .query(
+                "SELECT second_ms, tier, completed, violated FROM sla_seconds
+                 WHERE second_ms >= $1 ORDER BY second_ms DESC, tier",
+                &[&whole],
+            )
+            .map_err(err)?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
+            .collect::<Result<Vec<(i64, String, i64, i64)>, postgres::Error>>()
+            .map_err(err)?;
+        // The newest rows of [from, to), at most `left` of them; among rows completed in the
+        // same millisecond, the first written (as the scan of the previous index had them).
+        let newest = |tx: &mut postgres::Transaction<'_>, from: i64, to: i64, left: u64| {
+            let limit = i64::try_from(left).unwrap_or(i64::MAX);
+            tx.query(
+                "SELECT tier, sla_violated::int::int8 FROM decisions
+                 WHERE sla_violated IS NOT NULL AND completed_at_ms >= $1 AND completed_at_ms < $2
+                 ORDER BY completed_at_ms DESC, ctid LIMIT $3",
+                &[&from, &to, &limit],
+            )
+        };
+        let mut left = cap;
+        for second in seconds.chunk_by(|a, b| a.0 == b.0) {
+            if left == 0 {
+                break;
+            }
+            let total: u64 = second.iter().map(|s| s.2.max(0) as u64).sum();
+            if total <= left {
+                for (_, tier, completed, violated) in second {
+                    w.add(tier.clone(), *completed, *violated);
+                }
+                left -= total;
+            } else {
+                let from = second[0].0;
+                let to = from.saturating_add(SLA_SECOND_MS as i64);
+                for r in newest(&mut tx, from, to, left).map_err(err)? {
+                    w.add(r.try_get(0).map_err(err)?, 1, r.try_get(1).map_err(err)?);
+                }
+                left = 0;
+            }
         }
+        if left > 0 && since < whole {
+            for r in newest(&mut tx, since, whole, left).map_err(err)? {
+                w.add(r.try_get(0).map_err(err)?, 1, r.try_get(1).map_err(err)?);
+            }
+        }
+        tx.commit().map_err(err)?;
         Ok(w)
+    }
+
+    /// Deletes the SLA window's per-second counts older than `cutoff_ms`; returns how many.
+    pub fn delete_sla_seconds_before(&self, cutoff_ms: u64) -> Result<u64, String> {
+        let cutoff = i64::try_from(cutoff_ms).unwrap_or(i64::MAX);
+        let mut c = self.write.get().map_err(err)?;
+        c.execute("DELETE FROM sla_seconds WHERE second_ms < $1", &[&cutoff])
+            .map_err(err)
     }
 
     /// Deletes at most `batch` decision rows (and at most `batch` queue events) received before
@@ -261,7 +403,8 @@ impl Db {
                 .execute(
                     format!(
                         "DELETE FROM {table} WHERE ctid = ANY(ARRAY(
-                             SELECT ctid FROM {table} WHERE received_at_ms < $1 LIMIT $2))"
+                             SELECT ctid FROM {table} WHERE received_at_ms < $1
+                             ORDER BY received_at_ms LIMIT $2))"
                     )
                     .as_str(),
                     &[&cutoff, &batch],

@@ -16,6 +16,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "replay_inputs",
         include_str!("migrations/0002_replay_inputs.sql"),
     ),
+    (
+        3,
+        "lighter_writes",
+        include_str!("migrations/0003_lighter_writes.sql"),
+    ),
 ];
 
 /// The advisory-lock key of a schema: stable across processes and builds (not Rust's hasher).
@@ -46,6 +51,11 @@ pub fn run(client: &mut postgres::Client, schema: &str) -> Result<Vec<i32>, post
     for &(version, name, sql) in MIGRATIONS {
         if applied.contains(&version) {
             continue;
+        }
+        if ran.is_empty() {
+            // The writer's connections stop a statement after 15 s; rebuilding an index of a
+            // large existing table may take longer, and must not fail (and retry) forever.
+            tx.batch_execute("SET LOCAL statement_timeout = 0")?;
         }
         tx.batch_execute(sql)?;
         tx.execute(

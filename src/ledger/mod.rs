@@ -58,7 +58,7 @@ pub fn spool_prefix(db: &db::Db) -> String {
 /// spools) while PostgreSQL is down. The writer migrates the schema on its first step.
 pub fn open(cfg: &Config, url: &str) -> Result<Arc<writer::Ledger>, String> {
     let l = &cfg.ledger;
-    let db = db::Db::new(url, &l.schema)?;
+    let db = db::Db::with_commit(url, &l.schema, l.synchronous_commit)?;
     let spool = spool::Spool::open(&l.spool_dir, &spool_prefix(&db), l.spool_max_bytes)
         .map_err(|e| format!("ledger.spool_dir {}: {e}", l.spool_dir.display()))?;
     let foreign = spool.foreign_segments();

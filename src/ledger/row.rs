@@ -3,6 +3,7 @@
 //! `/decisions/recent` answers the same shape from PostgreSQL as from the in-memory ring.
 
 use crate::decisions::DecisionRecord;
+use std::sync::Arc;
 
 /// The ledger's row is the decision record itself (owned, deserialisable); these names keep the
 /// ledger's code reading as rows.
@@ -82,7 +83,48 @@ pub fn sanitized(r: &DecisionRecord) -> LedgerRow {
     }
 }
 
+/// The record itself when it is already fit (nearly always: no NUL anywhere, a finite latency),
+/// else a sanitised copy: the writer copies nothing per row in the common case.
+pub fn clean(r: Arc<DecisionRecord>) -> Arc<LedgerRow> {
+    if r.is_clean() {
+        r
+    } else {
+        Arc::new(sanitized(&r))
+    }
+}
+
 impl LedgerRow {
+    /// Nothing for [`sanitized`] to change.
+    pub fn is_clean(&self) -> bool {
+        let ok = |s: &str| !s.as_bytes().contains(&0);
+        let opt = |s: &Option<String>| s.as_deref().is_none_or(ok);
+        self.latency_ms.is_finite()
+            && [
+                &self.request_id,
+                &self.replica,
+                &self.tenant,
+                &self.tier,
+                &self.method,
+                &self.path,
+                &self.decision,
+                &self.reason,
+                &self.state,
+            ]
+            .into_iter()
+            .all(|s| ok(s))
+            && [
+                &self.pool,
+                &self.route_reason,
+                &self.backend,
+                &self.requested_model,
+                &self.routed_model,
+                &self.queue_outcome,
+                &self.error,
+            ]
+            .into_iter()
+            .all(opt)
+    }
+
     /// When the response finished, the time the SLA window is measured on: a long stream counts
     /// when it ends, not when it arrived.
     pub fn completed_at_ms(&self) -> u64 {
@@ -209,6 +251,17 @@ mod tests {
             sanitized(&nul).requested_model.as_deref(),
             Some("a\u{FFFD}b")
         );
+        // The writer copies only what needs it.
+        let rec = Arc::new(rec);
+        assert!(Arc::ptr_eq(&clean(Arc::clone(&rec)), &rec));
+        let nul = Arc::new(nul);
+        let fixed = clean(Arc::clone(&nul));
+        assert!(!Arc::ptr_eq(&fixed, &nul) && fixed.is_clean());
+        assert_eq!(fixed.requested_model.as_deref(), Some("a\u{FFFD}b"));
+        let mut nan = record();
+        nan.latency_ms = f64::NAN;
+        assert!(!nan.is_clean());
+        assert_eq!(clean(Arc::new(nan)).latency_ms, 0.0);
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! rows into the wrong database.
 
 use super::row::LedgerRow;
+use std::borrow::Borrow;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -273,12 +274,12 @@ impl Spool {
     /// Appends rows at the end, in order, and syncs them to disk. Rows that would take the spool
     /// past its size limit are refused and counted in [`Appended::dropped`]; on an I/O error
     /// nothing of this call is kept.
-    pub fn append(&mut self, rows: &[LedgerRow]) -> io::Result<Appended> {
+    pub fn append<R: Borrow<LedgerRow>>(&mut self, rows: &[R]) -> io::Result<Appended> {
         let mut out = Appended::default();
         let mut buf = Vec::new();
         let used = self.bytes();
         for row in rows {
-            let line = serde_json::to_vec(row).map_err(io::Error::other)?;
+            let line = serde_json::to_vec(row.borrow()).map_err(io::Error::other)?;
             if used + (buf.len() + line.len() + 1) as u64 > self.max_bytes {
                 out.dropped += 1;
                 continue;

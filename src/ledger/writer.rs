@@ -7,8 +7,11 @@
 //! * [`LedgerSink::record`] (Pingora's `logging` phase) pushes onto the buffer under a short
 //!   mutex and returns; it never does I/O and never waits for the writer. A full buffer means the
 //!   spool cannot keep up with the disk: the row is dropped and counted.
-//! * A writer step replays the spool's front first; only when the spool is empty does it take
-//!   the next batch from the buffer, keeping it as the *in-flight* batch until it commits.
+//! * A writer step replays the spool's front first (`INSERT … ON CONFLICT DO NOTHING`: those
+//!   rows may be there already); only when the spool is empty does it take the next batch from
+//!   the buffer, keeping it as the *in-flight* batch until it commits. Those rows were never
+//!   written, so they go in with binary `COPY` (see [`super::batch`]), encoded on this thread
+//!   into reused buffers; the request threads only ever push an `Arc` of the record.
 //! * A spill appends the in-flight batch (unless already spooled) and then the whole buffer to
 //!   the spool's end. It runs when PostgreSQL is down, when the buffer passes half full while a
 //!   write is stuck, on shutdown, and at exit. A batch that is spooled *and* later commits is
@@ -16,8 +19,9 @@
 //!
 //! Lock order, everywhere: in-flight → spool → buffer. The sink takes only the buffer's lock.
 
+use super::batch::CopyBatch;
 use super::db::{Db, InsertError};
-use super::row::{sanitized, LedgerRow};
+use super::row::{clean, LedgerRow};
 use super::spool::Spool;
 use crate::decisions::{DecisionRecord, DecisionSink};
 use async_trait::async_trait;
@@ -67,7 +71,8 @@ pub enum Step {
 }
 
 struct Inflight {
-    rows: Arc<Vec<LedgerRow>>,
+    /// Shared with the records the request threads pushed: a clean record is not copied.
+    rows: Arc<Vec<Arc<LedgerRow>>>,
     /// Already in the spool (a spill happened while it was being written).
     spooled: bool,
 }
@@ -81,6 +86,8 @@ struct Stats {
     closed: AtomicBool,
     rows_written: AtomicU64,
     rows_duplicate: AtomicU64,
+    /// Transactions that committed rows (rows_written / batches_written = the batch size).
+    batches_written: AtomicU64,
     rows_spilled: AtomicU64,
     /// Rows PostgreSQL refused as data (see [`InsertError::Rejected`]), dropped and logged.
     rows_rejected: AtomicU64,
@@ -115,6 +122,8 @@ pub struct Ledger {
     buffer: Mutex<VecDeque<Arc<DecisionRecord>>>,
     inflight: Mutex<Option<Inflight>>,
     spool: Mutex<Spool>,
+    /// The writer's COPY buffers, reused from batch to batch (only the writer step takes it).
+    copy: Mutex<CopyBatch>,
     wake: Notify,
     started: Instant,
     stats: Stats,
@@ -139,6 +148,7 @@ impl Ledger {
             buffer: Mutex::new(VecDeque::new()),
             inflight: Mutex::new(None),
             spool: Mutex::new(spool),
+            copy: Mutex::new(CopyBatch::default()),
             wake: Notify::new(),
             started: Instant::now(),
             stats: Stats::default(),
@@ -215,9 +225,12 @@ impl Ledger {
             .store(unspooled, Ordering::Relaxed);
     }
 
-    fn has_work(&self) -> bool {
+    /// Something to do now; buffered rows count only as a full batch unless a flush is due.
+    fn has_work(&self, flush_due: bool) -> bool {
+        let buffered = self.buffered();
         !self.stats.migrated.load(Ordering::Relaxed)
-            || self.buffered() > 0
+            || buffered >= self.settings.batch_rows.max(1)
+            || flush_due && buffered > 0
             || self.stats.spooled_rows.load(Ordering::Relaxed) > 0
             || self.adopt_due()
     }
@@ -261,6 +274,7 @@ impl Ledger {
         self.stats
             .rows_duplicate
             .fetch_add((batch as u64).saturating_sub(new_rows), Ordering::Relaxed);
+        self.stats.batches_written.fetch_add(1, Ordering::Relaxed);
         self.stats
             .last_flush
             .store(self.now_ms() + 1, Ordering::Relaxed);
@@ -273,20 +287,38 @@ impl Ledger {
         }
     }
 
+    /// Writes fresh rows (taken from the buffer, never written before) with binary `COPY`.
+    /// When PostgreSQL refuses the `COPY` — a row already there (a client reused its
+    /// `x-request-id` within the same millisecond) or a row it cannot take — the batch goes the
+    /// replay's way instead ([`Ledger::write`]), which skips duplicates and isolates a bad row.
+    fn write_fresh(&self, rows: &[Arc<LedgerRow>]) -> Result<u64, String> {
+        let copied = {
+            let mut copy = lock(&self.copy);
+            copy.encode(rows);
+            self.db.copy(&copy)
+        };
+        match copied {
+            Ok(n) => Ok(n),
+            Err(InsertError::Unavailable(e)) => Err(e),
+            Err(InsertError::Rejected(_)) => self.write(rows),
+        }
+    }
+
     /// Writes a batch; when PostgreSQL refuses its data, writes the rows one by one so a single
     /// bad row is dropped (counted and logged) instead of blocking every row behind it forever.
     /// `Err` only when PostgreSQL is unavailable.
-    fn write(&self, rows: &[LedgerRow]) -> Result<u64, String> {
+    fn write<R: std::borrow::Borrow<LedgerRow>>(&self, rows: &[R]) -> Result<u64, String> {
         match self.db.insert(rows) {
             Ok(n) => Ok(n),
             Err(InsertError::Unavailable(e)) => Err(e),
             Err(InsertError::Rejected(e)) if rows.len() == 1 => {
-                self.rejected(&rows[0], &e);
+                self.rejected(rows[0].borrow(), &e);
                 Ok(0)
             }
             Err(InsertError::Rejected(_)) => {
                 let mut written = 0;
                 for row in rows {
+                    let row = row.borrow();
                     match self.db.insert(std::slice::from_ref(row)) {
                         Ok(n) => written += n,
                         Err(InsertError::Rejected(e)) => self.rejected(row, &e),
@@ -315,14 +347,14 @@ impl Ledger {
 
     fn spill_locked(&self, inflight: &mut Option<Inflight>) {
         let mut spool = lock(&self.spool);
-        let mut rows = Vec::new();
+        let mut rows: Vec<Arc<LedgerRow>> = Vec::new();
         if let Some(f) = inflight.as_mut().filter(|f| !f.spooled) {
             rows.extend(f.rows.iter().cloned());
             f.spooled = true;
             self.stats.inflight_unspooled.store(0, Ordering::Relaxed);
         }
         let records: Vec<_> = lock(&self.buffer).drain(..).collect();
-        rows.extend(records.iter().map(|r| sanitized(r.as_ref())));
+        rows.extend(records.into_iter().map(clean));
         if rows.is_empty() {
             return;
         }
@@ -351,6 +383,12 @@ impl Ledger {
 
     /// One batch: the spool's front if it has rows, else the buffer's. Blocking.
     pub fn step(&self) -> Step {
+        self.step_with(&mut true)
+    }
+
+    /// [`Ledger::step`]; from the buffer only a full batch unless `partial`, which a partial
+    /// batch uses up.
+    fn step_with(&self, partial: &mut bool) -> Step {
         if !self.stats.migrated.load(Ordering::Relaxed) {
             match self.db.migrate() {
                 Ok(applied) => {
@@ -441,14 +479,20 @@ impl Ledger {
             }
             let records: Vec<_> = {
                 let mut buf = lock(&self.buffer);
-                let n = buf.len().min(self.settings.batch_rows);
+                let batch = self.settings.batch_rows.max(1);
+                if buf.len() < batch && !*partial {
+                    return Step::Idle;
+                }
+                let n = buf.len().min(batch);
+                if n < batch {
+                    *partial = false;
+                }
                 buf.drain(..n).collect()
             };
             if records.is_empty() {
                 return Step::Idle;
             }
-            let rows: Arc<Vec<LedgerRow>> =
-                Arc::new(records.iter().map(|r| sanitized(r.as_ref())).collect());
+            let rows: Arc<Vec<Arc<LedgerRow>>> = Arc::new(records.into_iter().map(clean).collect());
             self.set_inflight(
                 &mut inflight,
                 Some(Inflight {
@@ -458,7 +502,7 @@ impl Ledger {
             );
             rows
         };
-        match self.write(&rows) {
+        match self.write_fresh(&rows) {
             Ok(n) => {
                 self.set_inflight(&mut lock(&self.inflight), None);
                 self.committed(rows.len(), n);
@@ -476,9 +520,18 @@ impl Ledger {
 
     /// Steps until there is nothing left or PostgreSQL fails. Blocking.
     pub fn drain(&self) -> Step {
+        self.drain_with(true)
+    }
+
+    /// Steps while there is a full batch (or the spool) to write; with `flush`, also writes one
+    /// partial batch — what the flush interval is for. Rows that arrive while a batch is being
+    /// written wait for a full batch or the next flush instead of going out a few at a time:
+    /// per batch, PostgreSQL pays a statement, a commit and a WAL flush.
+    fn drain_with(&self, flush: bool) -> Step {
+        let mut partial = flush;
         let mut last = Step::Idle;
         loop {
-            match self.step() {
+            match self.step_with(&mut partial) {
                 Step::Progress => last = Step::Progress,
                 Step::Idle => return last,
                 Step::Failed => return Step::Failed,
@@ -538,6 +591,7 @@ impl Ledger {
             "last_flush_ms_ago": (last > 0).then(|| now.saturating_sub(last - 1)),
             "rows_written": load(&s.rows_written),
             "rows_duplicate": load(&s.rows_duplicate),
+            "batches_written": load(&s.batches_written),
             "rows_spilled": load(&s.rows_spilled),
             "rows_rejected": load(&s.rows_rejected),
             "flush_errors": load(&s.flush_errors),
@@ -618,9 +672,9 @@ async fn finished<T>(job: &mut Option<JoinHandle<T>>) -> Result<T, JoinError> {
     }
 }
 
-/// The background service that writes: a batch every `flush_interval_ms`, or as soon as
-/// `batch_rows` are buffered. Each write runs on a blocking thread; this loop stays free to
-/// spill the buffer while a write is stuck.
+/// The background service that writes: what is buffered every `flush_interval_ms`, and a full
+/// batch as soon as `batch_rows` are buffered. Each write runs on a blocking thread; this loop
+/// stays free to spill the buffer while a write is stuck.
 pub struct Writer(pub Arc<Ledger>);
 
 #[async_trait]
@@ -636,9 +690,11 @@ impl BackgroundService for Writer {
         let mut retry_at = tokio::time::Instant::now();
         let mut backoff = interval;
         let mut watching = true;
+        // A tick passed since the last drain started: write the partial batch too.
+        let mut flush_due = false;
         loop {
             tokio::select! {
-                _ = tick.tick() => {}
+                _ = tick.tick() => flush_due = true,
                 _ = ledger.wake.notified() => {}
                 changed = shutdown.changed(), if watching => {
                     // Requests still finish during the grace period: keep writing, but make sure
@@ -677,9 +733,12 @@ impl BackgroundService for Writer {
                 let l = Arc::clone(&ledger);
                 spill_job = Some(tokio::task::spawn_blocking(move || l.spill()));
             }
-            if job.is_none() && tokio::time::Instant::now() >= retry_at && ledger.has_work() {
+            // Shutting down: nothing waits for a full batch.
+            let flush = flush_due || !watching;
+            if job.is_none() && tokio::time::Instant::now() >= retry_at && ledger.has_work(flush) {
+                flush_due = false;
                 let l = Arc::clone(&ledger);
-                job = Some(tokio::task::spawn_blocking(move || l.drain()));
+                job = Some(tokio::task::spawn_blocking(move || l.drain_with(flush)));
             }
             ledger.report_drops();
         }
@@ -755,7 +814,7 @@ mod tests {
         l.set_inflight(
             &mut lock(&l.inflight),
             Some(Inflight {
-                rows: Arc::new(vec![sanitized(rec(0).as_ref())]),
+                rows: Arc::new(vec![clean(rec(0))]),
                 spooled: false,
             }),
         );
