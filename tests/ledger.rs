@@ -882,3 +882,318 @@ fn a_row_postgres_refuses_is_dropped_alone() {
     assert_eq!(s["spooled_rows"], 0);
     assert_eq!(s["reachable"], true);
 }
+
+/// A tiny deterministic generator, so a failing case can be replayed.
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Random completions spread over the last ~100 s (some in the same millisecond, some
+/// rejections), a few long streams, and rows completed in the future (clock skew).
+fn random_rows(seed: u64, n: usize, now: u64) -> Vec<LedgerRow> {
+    let mut x = Xorshift(seed);
+    (0..n)
+        .map(|i| {
+            let tier = ["Guaranteed", "Standard", "Best-Effort"][x.below(3) as usize];
+            let violated = match x.below(10) {
+                0 => None,
+                1..=3 => Some(true),
+                _ => Some(false),
+            };
+            let latency = match x.below(20) {
+                0 => 30_000.0 + x.below(40_000) as f64,
+                _ => x.below(2_000) as f64 + 0.25,
+            };
+            // Coarse arrival times, so many rows share a completion millisecond.
+            let received = now + 2_000 - 100_000 + x.below(1_000) * 100;
+            scripted(
+                &format!("rand-{seed}-{i}"),
+                tier,
+                received,
+                latency,
+                violated,
+            )
+        })
+        .collect()
+}
+
+/// The window as the ledger computed it before per-second counts: every row, newest first.
+fn sla_window_by_rows(schema: &Schema, since: u64, last_n: Option<u64>) -> SlaWindow {
+    let mut c = pg();
+    let rows = c
+        .query(
+            &format!(
+                "SELECT tier, count(*), count(*) FILTER (WHERE sla_violated)
+                 FROM (SELECT tier, sla_violated FROM {}
+                       WHERE sla_violated IS NOT NULL AND completed_at_ms >= $1
+                       ORDER BY completed_at_ms DESC, ctid LIMIT $2) w
+                 GROUP BY tier",
+                schema.table("decisions")
+            ),
+            &[&(since as i64), &last_n.map(|n| n as i64)],
+        )
+        .unwrap();
+    let mut w = SlaWindow::default();
+    for r in rows {
+        let (tier, c, v): (String, i64, i64) = (r.get(0), r.get(1), r.get(2));
+        w.completed += c as u64;
+        w.violated += v as u64;
+        w.per_tier.insert(tier, (c as u64, v as u64));
+    }
+    w
+}
+
+fn check_windows(db: &Db, schema: &Schema, now: u64) {
+    for since_ago in [
+        0, 1, 999, 1_000, 1_001, 7_345, 60_000, 60_500, 95_000, 200_000,
+    ] {
+        let since = now - since_ago;
+        for last_n in [None, Some(1), Some(2), Some(17), Some(250), Some(1_000_000)] {
+            assert_eq!(
+                db.sla_window(since, last_n).unwrap(),
+                sla_window_by_rows(schema, since, last_n),
+                "window from {since_ago} ms ago, last {last_n:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_sla_window_from_per_second_counts_equals_a_count_of_its_rows() {
+    let schema = Schema::create();
+    let db = Db::new(PG_URL, &schema.0).unwrap();
+    db.migrate().unwrap();
+    let now = now_ms();
+    let rows = random_rows(7, 3_000, now);
+    // Both ways in: COPY for fresh rows, INSERT … ON CONFLICT for a replay (half of it again).
+    let mut copy = sluice::ledger::batch::CopyBatch::default();
+    for chunk in rows.chunks(700) {
+        copy.encode(chunk);
+        assert_eq!(db.copy(&copy).unwrap(), chunk.len() as u64);
+    }
+    assert_eq!(
+        db.insert(&rows[..1_500]).unwrap(),
+        0,
+        "a replay adds nothing"
+    );
+    let extra = random_rows(8, 500, now);
+    assert_eq!(db.insert(&extra).unwrap(), 500);
+    let counted: i64 = pg()
+        .query_one(
+            &format!(
+                "SELECT coalesce(sum(completed), 0)::int8 FROM {}",
+                schema.table("sla_seconds")
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let expected = rows
+        .iter()
+        .chain(&extra)
+        .filter(|r| r.sla_violated.is_some())
+        .count();
+    assert_eq!(counted as usize, expected, "every completion counted once");
+    check_windows(&db, &schema, now);
+}
+
+#[test]
+fn fresh_rows_are_copied_with_their_queue_events_and_a_reused_id_still_lands_once() {
+    let schema = Schema::create();
+    let mut cfg = sluice::config::Config::default();
+    cfg.ledger.schema = schema.0.clone();
+    cfg.ledger.spool_dir = schema.spool_dir();
+    cfg.ledger.batch_rows = 50;
+    let ledger = sluice::ledger::open(&cfg, PG_URL).unwrap();
+    let now = now_ms();
+    let mut pushed = Vec::new();
+    for i in 0..120u64 {
+        let mut r = scripted(
+            &format!("copy-{i}"),
+            "Standard",
+            now - 5_000 + i,
+            40.0,
+            Some(i % 4 == 0),
+        );
+        match i % 10 {
+            1 => {
+                r.queue_outcome = Some("queue_released".into());
+                r.queue_wait_ms = Some(12.5);
+            }
+            2 => r.queue_outcome = Some("queue_dropped".into()),
+            // NUL and a non-finite latency: sanitised on the way in, not refused.
+            3 => {
+                r.requested_model = Some("model\0x".into());
+                r.latency_ms = f64::INFINITY;
+            }
+            _ => {}
+        }
+        pushed.push(r);
+    }
+    // A client reusing its x-request-id in the same millisecond: the same key twice in one
+    // batch, which the COPY refuses and the INSERT fallback takes once.
+    let mut again = pushed[60].clone();
+    again.tenant = "someone-else".into();
+    pushed.insert(61, again);
+    for r in &pushed {
+        ledger.push(Arc::new(r.clone()));
+    }
+    ledger.drain();
+    let s = ledger.status();
+    assert_eq!(s["rows_written"], 120, "{s}");
+    assert_eq!(s["rows_duplicate"], 1, "{s}");
+    assert_eq!(s["rows_rejected"], 0, "{s}");
+    let mut c = pg();
+    let count =
+        |c: &mut postgres::Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };
+    let events = count(
+        &mut c,
+        &format!("SELECT count(*) FROM {}", schema.table("queue_events")),
+    );
+    assert_eq!(
+        events,
+        12 * 2 + 12,
+        "released: queued + released; dropped: one event"
+    );
+    let model: String = c
+        .query_one(
+            &format!(
+                "SELECT requested_model FROM {} WHERE request_id = 'copy-3'",
+                schema.table("decisions")
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(model, "model\u{FFFD}x");
+    // What went in by COPY reads back exactly as it was pushed.
+    let back = ledger
+        .db()
+        .recent(&RecentFilter {
+            limit: 1000,
+            ..Default::default()
+        })
+        .unwrap();
+    let by_id: HashMap<String, &Value> = back
+        .iter()
+        .map(|v| (v["request_id"].as_str().unwrap().to_string(), v))
+        .collect();
+    for r in pushed
+        .iter()
+        .filter(|r| r.request_id != "copy-3" && r.latency_ms.is_finite())
+    {
+        let want = serde_json::to_value(r).unwrap();
+        let got = by_id[&r.request_id];
+        if r.request_id == "copy-60" {
+            assert_eq!(
+                got["tenant"], "tenant-Standard",
+                "the first of the two is kept"
+            );
+        } else {
+            assert_eq!(got, &want, "{}", r.request_id);
+        }
+    }
+    let w = ledger.db().sla_window(now - 60_000, None).unwrap();
+    assert_eq!((w.completed, w.violated), (120, 30));
+}
+
+#[test]
+fn migration_2_keeps_an_existing_ledger_and_counts_its_recent_completions() {
+    let schema = Schema::create();
+    let mut c = pg();
+    // A ledger written by the previous release: migration 1 only.
+    let (version, name, sql) = sluice::ledger::migrate::MIGRATIONS[0];
+    c.batch_execute(&format!(
+        "SET search_path TO {s};
+         CREATE TABLE ledger_migrations (version integer PRIMARY KEY, name text NOT NULL,
+                                         applied_at timestamptz NOT NULL DEFAULT now());
+         {sql}
+         INSERT INTO ledger_migrations (version, name) VALUES ({version}, '{name}');
+         RESET search_path;",
+        s = schema.0
+    ))
+    .unwrap();
+    let db = Db::new(PG_URL, &schema.0).unwrap();
+    let now = now_ms();
+    let mut rows = random_rows(11, 2_000, now);
+    // And rows from long ago, which the backfill leaves out (no window reaches them).
+    rows.extend((0..5).map(|i| {
+        scripted(
+            &format!("old-{i}"),
+            "Standard",
+            now - 5 * 86_400_000,
+            10.0,
+            Some(true),
+        )
+    }));
+    assert_eq!(db.insert(&rows).unwrap(), rows.len() as u64);
+
+    assert_eq!(db.migrate().unwrap(), vec![2]);
+    let count =
+        |c: &mut postgres::Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };
+    assert_eq!(
+        count(
+            &mut c,
+            &format!("SELECT count(*) FROM {}", schema.table("decisions"))
+        ),
+        rows.len() as i64
+    );
+    let pk: String = c
+        .query_one(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+             WHERE conrelid = $1::text::regclass AND contype = 'p'",
+            &[&schema.table("decisions")],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(pk, "PRIMARY KEY (received_at_ms, request_id)");
+    let indexes: Vec<String> = c
+        .query(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = 'decisions'
+             ORDER BY indexname",
+            &[&schema.0],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        indexes,
+        [
+            "decisions_completed_idx",
+            "decisions_decision_idx",
+            "decisions_pkey",
+            "decisions_tenant_idx"
+        ]
+    );
+    assert_eq!(
+        count(
+            &mut c,
+            &format!(
+                "SELECT count(*) FROM {} WHERE second_ms < {}",
+                schema.table("sla_seconds"),
+                now - 86_400_000 * 2
+            )
+        ),
+        0,
+        "only recent seconds are backfilled"
+    );
+    check_windows(&db, &schema, now);
+    // Replaying the old rows after the migration adds nothing, counts included.
+    assert_eq!(db.insert(&rows).unwrap(), 0);
+    check_windows(&db, &schema, now);
+    assert!(sluice::ledger::migrate::run(&mut c, &schema.0)
+        .unwrap()
+        .is_empty());
+}

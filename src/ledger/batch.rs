@@ -496,4 +496,88 @@ mod tests {
         assert_eq!(batch.ev_request_id, ["b", "b", "c"]);
         assert_eq!(batch.ev_at_ms, [1000, 1005, 1000]);
     }
+
+    /// Reads a binary COPY stream back: rows of fields, `None` for NULL.
+    fn parse(mut b: &[u8]) -> Vec<Vec<Option<Vec<u8>>>> {
+        assert_eq!(&b[..COPY_HEADER.len()], COPY_HEADER);
+        b = &b[COPY_HEADER.len()..];
+        let mut rows = Vec::new();
+        loop {
+            let n = i16::from_be_bytes([b[0], b[1]]);
+            b = &b[2..];
+            if n == -1 {
+                assert!(b.is_empty(), "nothing after the trailer");
+                return rows;
+            }
+            let mut row = Vec::new();
+            for _ in 0..n {
+                let len = i32::from_be_bytes(b[..4].try_into().unwrap());
+                b = &b[4..];
+                if len < 0 {
+                    row.push(None);
+                } else {
+                    row.push(Some(b[..len as usize].to_vec()));
+                    b = &b[len as usize..];
+                }
+            }
+            rows.push(row);
+        }
+    }
+
+    #[test]
+    fn copy_encodes_every_column_in_table_order_and_reuses_its_buffers() {
+        let mut a = row("a", Some(("queue_released", Some(5.0))));
+        a.prompt_tokens = Some(42);
+        a.stream = true;
+        a.sla_violated = Some(false);
+        let rows = [a, row("bb", None)];
+        let mut copy = CopyBatch::default();
+        copy.encode(&rows);
+        let decoded = parse(copy.decisions());
+        assert_eq!(decoded.len(), 2);
+        assert!(decoded.iter().all(|r| r.len() == DECISION_COLUMNS.len()));
+        let col = |name: &str| {
+            DECISION_COLUMNS
+                .iter()
+                .position(|(n, _)| *n == name)
+                .unwrap()
+        };
+        let r = &decoded[0];
+        assert_eq!(r[col("request_id")].as_deref(), Some(&b"a"[..]));
+        assert_eq!(
+            r[col("received_at_ms")].as_deref(),
+            Some(&1000i64.to_be_bytes()[..])
+        );
+        assert_eq!(
+            r[col("completed_at_ms")].as_deref(),
+            Some(&1010i64.to_be_bytes()[..])
+        );
+        assert_eq!(r[col("status")].as_deref(), Some(&200i32.to_be_bytes()[..]));
+        assert_eq!(
+            r[col("latency_ms")].as_deref(),
+            Some(&10.0f64.to_be_bytes()[..])
+        );
+        assert_eq!(r[col("stream")].as_deref(), Some(&[1u8][..]));
+        assert_eq!(r[col("sla_violated")].as_deref(), Some(&[0u8][..]));
+        assert_eq!(
+            r[col("prompt_tokens")].as_deref(),
+            Some(&42i64.to_be_bytes()[..])
+        );
+        assert_eq!(r[col("pool")], None, "NULL");
+        assert_eq!(decoded[1][col("queue_outcome")], None);
+
+        assert_eq!(copy.queue_event_count(), 2);
+        let events = parse(copy.queue_events());
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[1][2].as_deref(), Some(&b"queue_released"[..]));
+        assert_eq!(events[1][3].as_deref(), Some(&1005i64.to_be_bytes()[..]));
+        assert_eq!(events[0][4], None, "queue_queued has no wait");
+
+        // The next batch replaces this one; no queue events, no stream for them.
+        let cap = copy.decisions.capacity();
+        copy.encode(&rows[1..]);
+        assert_eq!(parse(copy.decisions()).len(), 1);
+        assert!(copy.queue_events().is_empty());
+        assert_eq!(copy.decisions.capacity(), cap, "buffers are reused");
+    }
 }
