@@ -6,12 +6,18 @@
 # `sluice serve` (2 threads, the overhead bench's config), drives it with wrk for SECONDS at
 # CONNECTIONS, waits until the writer has committed every row, and reads the CPU seconds
 # (utime + stime from /proc/<pid>/stat) consumed over that window by
-#   * the sluice process (request threads, writer, SLA and retention services), and
+#   * the sluice process (request threads, writer, SLA and retention services; "(ledger)" is the
+#     part of it spent on the ledger's own threads: the writer and its encoding), and
 #   * the PostgreSQL backends serving the ledger (found by their application_name),
 # then divides by the number of requests Sluice decided (sluice_decisions_total). It also checks
 # that the ledger holds exactly one row per decided request (nothing lost, nothing doubled).
+# Compare the ledger's own columns ("(ledger)", pg-write, pg-read): they are per-row work. The
+# request path's CPU per request ("sluice", "wrk+ngx") falls when the machine saturates (more
+# events per wakeup), so a ledger that loads the machine can make them look cheaper.
 # PostgreSQL's shared background processes (walwriter, checkpointer) are reported apart: other
-# users of the server make them noisy.
+# users of the server make them noisy. "wrk+ngx" is the load generator's and the backend's CPU
+# per request: with it, the throughput ratio a CPU-bound machine would show is about
+# (total_off + wrk+ngx) / (total_on + wrk+ngx).
 #
 #   bench/ledger_cpu.sh [path/to/sluice] [seconds] [connections] [modes] [extra ledger yaml]
 #   e.g. bench/ledger_cpu.sh target/release/sluice 10 16 "off on"
@@ -52,6 +58,18 @@ free_port() {
 
 # CPU ticks (utime + stime) of a process; 0 when it is gone. Field 2 (comm) has no spaces here.
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# CPU ticks of the sluice threads named "BG ledger …" (the writer, its blocking jobs, the SLA
+# window): the ledger's own share of sluice's CPU, far less noisy than the difference of two runs.
+ledger_thread_ticks() {
+    local f t=0 rest
+    for f in /proc/"$1"/task/*/stat; do
+        rest=$(cat "$f" 2>/dev/null) || continue
+        case "$rest" in *"(BG ledger"*) ;; *) continue ;; esac
+        rest=${rest##*) }
+        t=$((t + $(awk '{print $12 + $13}' <<<"$rest")))
+    done
+    echo "$t"
+}
 HZ=$(getconf CLK_TCK)
 
 # "pid ticks role" for each PostgreSQL backend of the ledger; role is "read" for the read pool's
@@ -111,7 +129,8 @@ http {
 }
 EOF
 nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" >"$WORK/nginx/stderr.log" 2>&1 &
-PIDS+=($!)
+NGINX=$!
+PIDS+=("$NGINX")
 for _ in $(seq 50); do curl -fsS "http://127.0.0.1:$BACKEND_PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
 
 cat >"$WORK/chat.lua" <<'EOF'
@@ -121,8 +140,8 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["X-Tenant-ID"] = "support-bot"
 EOF
 
-printf '%-4s %5s %9s %8s | %9s %9s %9s %9s | %8s %s\n' mode conns requests "req/s" \
-    sluice pg-write pg-read total "pg aux" "rows (CPU µs per request)"
+printf '%-4s %5s %9s %8s | %9s %9s %9s %9s %9s | %8s %8s %s\n' mode conns requests "req/s" \
+    sluice "(ledger)" pg-write pg-read total "pg aux" "wrk+ngx" "rows (CPU µs per request)"
 for mode in $MODES; do
     LISTEN=127.0.0.1:$(free_port)
     dir="$WORK/$mode"
@@ -177,8 +196,10 @@ for mode in $MODES; do
     b0=$([ "$mode" = on ] && batches || echo 0)
     d0=$(decided)
     s0=$(ticks "$SPID")
+    l0=$(ledger_thread_ticks "$SPID")
     pg0=$([ "$mode" = on ] && pg_backends || true)
     aux0=$(pg_aux_ticks)
+    gen0=$(ticks "$(pgrep -P "$NGINX" | head -1)")
     PERFS=()
     if [ -n "${PERF_DIR:-}" ]; then
         mkdir -p "$PERF_DIR"
@@ -190,13 +211,18 @@ for mode in $MODES; do
             PERFS+=($!)
         fi
     fi
-    wrk -t2 -c"$CONNS" -d"${SECS}s" -s "$WORK/chat.lua" "http://$LISTEN/v1/chat/completions" >"$dir/wrk.txt"
+    # wrk's own CPU (bash's `time`: user and system seconds of the child).
+    TIMEFORMAT='%U %S'
+    { time wrk -t2 -c"$CONNS" -d"${SECS}s" -s "$WORK/chat.lua" "http://$LISTEN/v1/chat/completions" \
+        >"$dir/wrk.txt" 2>/dev/null; } 2>"$dir/wrk.time"
     rows1=$(settle)
     b1=$([ "$mode" = on ] && batches || echo 0)
     d1=$(decided)
     s1=$(ticks "$SPID")
+    l1=$(ledger_thread_ticks "$SPID")
     pgd=$([ "$mode" = on ] && pg_delta "$pg0" || echo 0 0)
     aux1=$(pg_aux_ticks)
+    gen1=$(ticks "$(pgrep -P "$NGINX" | head -1)")
     for p in "${PERFS[@]}"; do kill -INT "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
     n=$((d1 - d0))
     rps=$(awk '/Requests\/sec/ {printf "%.0f", $2}' "$dir/wrk.txt")
@@ -209,10 +235,12 @@ for mode in $MODES; do
         [ "$((b1 - b0))" -le 0 ] || rows="$rows, $(((rows1 - rows0) / (b1 - b0))) rows/batch"
     fi
     read -r pw pr <<<"$pgd"
-    awk -v m="$mode" -v c="$CONNS" -v n="$n" -v r="$rps" -v s=$((s1 - s0)) -v pw="$pw" -v pr="$pr" \
-        -v a=$((aux1 - aux0)) -v hz="$HZ" -v rows="$rows" 'BEGIN {
+    read -r wu ws <"$dir/wrk.time"
+    awk -v m="$mode" -v c="$CONNS" -v n="$n" -v r="$rps" -v s=$((s1 - s0)) -v l=$((l1 - l0)) -v pw="$pw" -v pr="$pr" \
+        -v a=$((aux1 - aux0)) -v g=$((gen1 - gen0)) -v wrk="$(awk -v u="$wu" -v s="$ws" 'BEGIN {print u + s}')" \
+        -v hz="$HZ" -v rows="$rows" 'BEGIN {
         f = 1e6 / hz / n
-        printf "%-4s %5d %9d %8d | %9.1f %9.1f %9.1f %9.1f | %8.1f %s\n", m, c, n, r, s * f, pw * f, pr * f, (s + pw + pr) * f, a * f, rows
+        printf "%-4s %5d %9d %8d | %9.1f %9.1f %9.1f %9.1f %9.1f | %8.1f %8.1f %s\n", m, c, n, r, s * f, l * f, pw * f, pr * f, (s + pw + pr) * f, a * f, g * f + wrk * 1e6 / n, rows
     }'
     kill "$SPID"
     wait "$SPID" 2>/dev/null || true

@@ -203,9 +203,19 @@ impl Db {
             .write
             .get()
             .map_err(|e| InsertError::Unavailable(e.to_string()))?;
+        // The writer buffers what it is given and sends it on `finish`, where PostgreSQL's
+        // verdict arrives; a send that fails earlier carries the driver's error inside.
         let copy = |w: &mut postgres::CopyInWriter<'_>, data: &[u8]| {
-            w.write_all(data)
-                .map_err(|e| InsertError::Unavailable(e.to_string()))
+            w.write_all(data).map_err(|e| {
+                let msg = e.to_string();
+                match e
+                    .into_inner()
+                    .and_then(|inner| inner.downcast::<postgres::Error>().ok())
+                {
+                    Some(pg) => insert_error(*pg),
+                    None => InsertError::Unavailable(msg),
+                }
+            })
         };
         if batch.queue_event_count() == 0 {
             // One statement commits on its own: no BEGIN and COMMIT round trips.

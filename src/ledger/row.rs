@@ -96,7 +96,9 @@ pub fn clean(r: Arc<DecisionRecord>) -> Arc<LedgerRow> {
 impl LedgerRow {
     /// Nothing for [`sanitized`] to change.
     pub fn is_clean(&self) -> bool {
-        let ok = |s: &str| !s.as_bytes().contains(&0);
+        // A branch-free fold the compiler vectorises: these strings are short, where a memchr
+        // call per string costs more than the scan.
+        let ok = |s: &str| s.bytes().fold(1u8, |all, b| all & u8::from(b != 0)) == 1;
         let opt = |s: &Option<String>| s.as_deref().is_none_or(ok);
         self.latency_ms.is_finite()
             && [
