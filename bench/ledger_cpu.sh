@@ -25,8 +25,9 @@
 # PERF_DIR=/tmp/prof also records `perf record -g` of sluice and of the ledger's PostgreSQL
 # backends over the measured window (perf-<mode>-sluice.data, perf-<mode>-pg.data; the CPU
 # figures then include perf's own overhead).
-# Needs wrk, nginx, psql, curl, jq, and PostgreSQL at postgres@127.0.0.1:5432/test. Uses (and
-# drops) its own schema sluice_ledger_cpu; the server is never restarted.
+# Needs wrk, nginx, psql, curl, jq, and PostgreSQL at postgres@127.0.0.1:5432/test. Uses its own
+# schema sluice_ledger_cpu, fresh for each "on" run and dropped at the end; the server is never
+# restarted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${CARGO_TARGET_DIR:-target}/release/sluice}
@@ -49,6 +50,7 @@ cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$WORK"
+    "${PSQL[@]}" -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" 2>/dev/null || true
 }
 trap cleanup EXIT
 
