@@ -1008,6 +1008,27 @@ fn the_sla_window_from_per_second_counts_equals_a_count_of_its_rows() {
     check_windows(&db, &schema, now);
 }
 
+/// Replay inputs as a request path captures them.
+fn inputs(ticket: u64) -> sluice::replay::PolicyInputs {
+    use sluice::policy::{decide, PolicyState, RequestFacts, Tier};
+    let rules = sluice::policy::tenant_policy::PolicyRules::default();
+    let state = PolicyState::initial();
+    let facts = RequestFacts {
+        tier: Tier::Standard,
+        shapeable: true,
+        fallback_available: false,
+        spot_healthy: true,
+        fallback_pool: None,
+        ticket,
+        prompt_tokens: 9,
+        max_tokens: Some(1000),
+        inflight_work: [10.5, 0.25],
+    };
+    let d = decide(&state, &rules, &facts);
+    let clock = sluice::signals::hub::Clock::new();
+    sluice::replay::PolicyInputs::capture(&state, &rules, &facts, &d, clock)
+}
+
 #[test]
 fn fresh_rows_are_copied_with_their_queue_events_and_a_reused_id_still_lands_once() {
     let schema = Schema::create();
@@ -1032,6 +1053,7 @@ fn fresh_rows_are_copied_with_their_queue_events_and_a_reused_id_still_lands_onc
                 r.queue_wait_ms = Some(12.5);
             }
             2 => r.queue_outcome = Some("queue_dropped".into()),
+            4..=6 => r.inputs = Some(inputs(i)),
             // NUL and a non-finite latency: sanitised on the way in, not refused.
             3 => {
                 r.requested_model = Some("model\0x".into());
@@ -1109,17 +1131,21 @@ fn fresh_rows_are_copied_with_their_queue_events_and_a_reused_id_still_lands_onc
 }
 
 #[test]
-fn migration_2_keeps_an_existing_ledger_and_counts_its_recent_completions() {
+fn migration_3_keeps_an_existing_ledger_and_counts_its_recent_completions() {
     let schema = Schema::create();
     let mut c = pg();
-    // A ledger written by the previous release: migration 1 only.
-    let (version, name, sql) = sluice::ledger::migrate::MIGRATIONS[0];
+    // A ledger written by the previous release: every migration before this one.
+    let mut previous = String::new();
+    for (version, name, sql) in &sluice::ledger::migrate::MIGRATIONS[..2] {
+        previous += &format!(
+            "{sql}\nINSERT INTO ledger_migrations (version, name) VALUES ({version}, '{name}');\n"
+        );
+    }
     c.batch_execute(&format!(
         "SET search_path TO {s};
          CREATE TABLE ledger_migrations (version integer PRIMARY KEY, name text NOT NULL,
                                          applied_at timestamptz NOT NULL DEFAULT now());
-         {sql}
-         INSERT INTO ledger_migrations (version, name) VALUES ({version}, '{name}');
+         {previous}
          RESET search_path;",
         s = schema.0
     ))
@@ -1139,7 +1165,7 @@ fn migration_2_keeps_an_existing_ledger_and_counts_its_recent_completions() {
     }));
     assert_eq!(db.insert(&rows).unwrap(), rows.len() as u64);
 
-    assert_eq!(db.migrate().unwrap(), vec![2]);
+    assert_eq!(db.migrate().unwrap(), vec![3]);
     let count =
         |c: &mut postgres::Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };
     assert_eq!(

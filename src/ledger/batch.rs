@@ -142,10 +142,7 @@ const DECISION_COLUMNS: &[(&str, Extract)] = &[
         Extract::Text(|r| r.queue_outcome.as_deref()),
     ),
     ("error", Extract::Text(|r| r.error.as_deref())),
-    (
-        "inputs",
-        Extract::Json(|r| r.inputs.as_ref()),
-    ),
+    ("inputs", Extract::Json(|r| r.inputs.as_ref())),
 ];
 
 /// The columns `/decisions/recent` selects, in the order [`DECISION_COLUMNS`] has them.

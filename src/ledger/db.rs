@@ -94,7 +94,7 @@ impl SlaWindow {
     }
 }
 
-/// The width of the SLA window's per-tier counts (`sla_seconds`, migration 0002).
+/// The width of the SLA window's per-tier counts (`sla_seconds`, migration 0003).
 pub const SLA_SECOND_MS: u64 = 1000;
 
 #[derive(Clone)]
