@@ -233,7 +233,8 @@ for mode in $MODES; do
         rows="$((rows1 - rows0)) rows"
         dup=$("${PSQL[@]}" -c "SELECT count(*) - count(DISTINCT (request_id, received_at_ms)) FROM $SCHEMA.decisions")
         [ "$((rows1 - rows0))" -eq "$n" ] && [ "$dup" -eq 0 ] && rows="$rows, none lost" ||
-            rows="$rows for $n decided (LOST OR DOUBLED), $dup duplicates"
+            rows="$rows for $n decided (LOST OR DOUBLED), $dup duplicates, ledger status: $(curl -fsS "http://$LISTEN/status" |
+                jq -c '.ledger[0] | {buffered_rows, spooled_rows, dropped, rows_written, flush_errors, last_error}')"
         [ "$((b1 - b0))" -le 0 ] || rows="$rows, $(((rows1 - rows0) / (b1 - b0))) rows/batch"
     fi
     read -r pw pr <<<"$pgd"

@@ -1163,9 +1163,40 @@ fn migration_3_keeps_an_existing_ledger_and_counts_its_recent_completions() {
             Some(true),
         )
     }));
+    for (i, r) in rows.iter_mut().take(20).enumerate() {
+        r.inputs = Some(inputs(i as u64));
+    }
     assert_eq!(db.insert(&rows).unwrap(), rows.len() as u64);
 
     assert_eq!(db.migrate().unwrap(), vec![3]);
+    // The replay inputs, converted from jsonb to json, read back as they were written.
+    let back = db
+        .recent(&RecentFilter {
+            limit: 1000,
+            since_ms: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut seen = 0;
+    for r in rows.iter().filter(|r| r.inputs.is_some()) {
+        if let Some(got) = back
+            .iter()
+            .find(|v| v["request_id"] == r.request_id.as_str())
+        {
+            assert_eq!(got["inputs"], serde_json::to_value(r.inputs).unwrap());
+            seen += 1;
+        }
+    }
+    assert!(seen > 0, "some rows with inputs among the newest 1000");
+    let ty: String = c
+        .query_one(
+            "SELECT data_type FROM information_schema.columns
+             WHERE table_schema = $1 AND table_name = 'decisions' AND column_name = 'inputs'",
+            &[&schema.0],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(ty, "json");
     let count =
         |c: &mut postgres::Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };
     assert_eq!(

@@ -29,45 +29,57 @@ enum Extract {
     Json(fn(&LedgerRow) -> Option<&PolicyInputs>),
 }
 
-/// JSON text bound as `jsonb` (the `postgres` crate's own JSON support is a feature this build
-/// does not enable): the binary format is a version byte, 1, then the text.
+/// JSON text bound as `json` (the `inputs` column since migration 0003) or `jsonb` (before it),
+/// and read back from either (the `postgres` crate's own JSON support is a feature this build
+/// does not enable). `json`'s binary format is the text itself; `jsonb`'s is a version byte, 1,
+/// then the text.
 #[derive(Debug)]
-pub struct Jsonb(pub String);
+pub struct JsonText(pub String);
 
-impl ToSql for Jsonb {
+impl ToSql for JsonText {
     fn to_sql(
         &self,
-        _: &Type,
+        ty: &Type,
         out: &mut bytes::BytesMut,
     ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        out.extend_from_slice(&[1]);
+        if *ty == Type::JSONB {
+            out.extend_from_slice(&[1]);
+        }
         out.extend_from_slice(self.0.as_bytes());
         Ok(IsNull::No)
     }
 
     fn accepts(ty: &Type) -> bool {
-        *ty == Type::JSONB
+        *ty == Type::JSON || *ty == Type::JSONB
     }
 
     to_sql_checked!();
 }
 
-impl<'a> FromSql<'a> for Jsonb {
-    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        match raw.split_first() {
-            Some((1, text)) => Ok(Jsonb(std::str::from_utf8(text)?.to_string())),
-            _ => Err("unsupported jsonb format version".into()),
-        }
+impl<'a> FromSql<'a> for JsonText {
+    fn from_sql(
+        ty: &Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let text = if *ty == Type::JSONB {
+            match raw.split_first() {
+                Some((1, text)) => text,
+                _ => return Err("unsupported jsonb format version".into()),
+            }
+        } else {
+            raw
+        };
+        Ok(JsonText(std::str::from_utf8(text)?.to_string()))
     }
 
     fn accepts(ty: &Type) -> bool {
-        *ty == Type::JSONB
+        *ty == Type::JSON || *ty == Type::JSONB
     }
 }
 
 /// The `unnest` path's parameter: the inputs as JSON text.
-fn json_text(v: Option<&PolicyInputs>) -> Option<Jsonb> {
-    v.and_then(|i| serde_json::to_string(i).ok()).map(Jsonb)
+fn json_text(v: Option<&PolicyInputs>) -> Option<JsonText> {
+    v.and_then(|i| serde_json::to_string(i).ok()).map(JsonText)
 }
 
 fn i64_of(v: u64) -> i64 {
@@ -161,7 +173,7 @@ enum Column<'a> {
     Int4(Vec<i32>),
     Float8(Vec<Option<f64>>),
     Bool(Vec<Option<bool>>),
-    Json(Vec<Option<Jsonb>>),
+    Json(Vec<Option<JsonText>>),
 }
 
 impl<'a> Column<'a> {
@@ -196,7 +208,7 @@ fn sql_type(extract: &Extract) -> &'static str {
         Extract::Int4(_) => "int4",
         Extract::Float8(_) => "float8",
         Extract::Bool(_) => "bool",
-        Extract::Json(_) => "jsonb",
+        Extract::Json(_) => "json",
     }
 }
 
@@ -334,14 +346,14 @@ fn put_text(buf: &mut Vec<u8>, v: Option<&str>) {
     }
 }
 
-/// A `jsonb` field in binary format (version 1, then the JSON text), serialised straight into
-/// the buffer: no string per row.
-fn put_jsonb(buf: &mut Vec<u8>, v: Option<&PolicyInputs>) {
+/// A `json` field (binary format: the text), serialised straight into the buffer: no string
+/// per row.
+fn put_json(buf: &mut Vec<u8>, v: Option<&PolicyInputs>) {
     let Some(v) = v else {
         return put_null(buf);
     };
     let at = buf.len();
-    buf.extend_from_slice(&[0, 0, 0, 0, 1]);
+    buf.extend_from_slice(&[0, 0, 0, 0]);
     if serde_json::to_writer(&mut *buf, v).is_err() || buf.len() - at - 4 > MAX_FIELD {
         buf.truncate(at);
         return put_null(buf);
@@ -380,7 +392,7 @@ impl CopyBatch {
                     Extract::Int4(f) => put_fixed(buf, Some(f(row).to_be_bytes())),
                     Extract::Float8(f) => put_fixed(buf, f(row).map(f64::to_be_bytes)),
                     Extract::Bool(f) => put_fixed(buf, f(row).map(|b| [u8::from(b)])),
-                    Extract::Json(f) => put_jsonb(buf, f(row)),
+                    Extract::Json(f) => put_json(buf, f(row)),
                 }
             }
         }
@@ -460,7 +472,7 @@ mod tests {
             n, 34,
             "one column per DecisionRecord field, signals flattened, plus completed_at_ms"
         );
-        assert!(sql.contains(&format!("${n}::jsonb[]")));
+        assert!(sql.contains(&format!("${n}::json[]")));
         assert!(!sql.contains(&format!("${}::", n + 1)));
         let migrations = super::super::migrate::MIGRATIONS;
         for (name, _) in DECISION_COLUMNS {

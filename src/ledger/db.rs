@@ -9,7 +9,7 @@
 //! run on different Pingora runtimes.
 
 use super::batch::{
-    copy_decisions_sql, decision_column_list, insert_decisions_sql, Batch, CopyBatch, Jsonb,
+    copy_decisions_sql, decision_column_list, insert_decisions_sql, Batch, CopyBatch, JsonText,
     COPY_QUEUE_EVENTS_SQL, INSERT_QUEUE_EVENTS_SQL,
 };
 use super::row::{LedgerRow, SignalsRow};
@@ -464,7 +464,7 @@ pub(super) fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
         error: r.try_get("error")?,
         // Inputs this build cannot read leave the row without them (replay counts it).
         inputs: r
-            .try_get::<_, Option<Jsonb>>("inputs")?
+            .try_get::<_, Option<JsonText>>("inputs")?
             .and_then(|j| serde_json::from_str(&j.0).ok()),
     })
 }

@@ -79,3 +79,9 @@ GROUP BY 1, 2;
 DROP INDEX decisions_sla_window_idx;
 CREATE INDEX decisions_completed_idx ON decisions (completed_at_ms)
     WHERE sla_violated IS NOT NULL;
+
+-- The replay inputs (~0.8 KB a row) as `json`, not `jsonb`: PostgreSQL then only checks the
+-- text instead of converting it to its binary tree, ~4 µs less per row, and nothing in the
+-- ledger queries inside it (replay reads it back whole; `->` and `->>` work on `json` too).
+-- Rewrites an existing table once.
+ALTER TABLE decisions ALTER COLUMN inputs TYPE json USING inputs::json;
