@@ -1166,7 +1166,18 @@ fn migration_3_keeps_an_existing_ledger_and_counts_its_recent_completions() {
     for (i, r) in rows.iter_mut().take(20).enumerate() {
         r.inputs = Some(inputs(i as u64));
     }
-    assert_eq!(db.insert(&rows).unwrap(), rows.len() as u64);
+    // Written as the previous release wrote them: the INSERT alone, no per-second counts.
+    let batch = sluice::ledger::batch::Batch::build(&rows);
+    let written = c
+        .execute(
+            &sluice::ledger::batch::insert_rows_sql().replace(
+                "INTO decisions",
+                &format!("INTO {}", schema.table("decisions")),
+            ),
+            &batch.decision_params(),
+        )
+        .unwrap();
+    assert_eq!(written, rows.len() as u64);
 
     assert_eq!(db.migrate().unwrap(), vec![3]);
     // The replay inputs, converted from jsonb to json, read back as they were written.

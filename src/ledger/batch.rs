@@ -212,8 +212,9 @@ fn sql_type(extract: &Extract) -> &'static str {
     }
 }
 
-/// The batch INSERT into `decisions`.
-pub fn insert_decisions_sql() -> String {
+/// The batch INSERT into `decisions` alone, skipping rows already there (what Sluice ran before
+/// migration 3 kept `sla_seconds`).
+pub fn insert_rows_sql() -> String {
     let names = decision_column_list();
     let arrays: Vec<String> = DECISION_COLUMNS
         .iter()
@@ -226,6 +227,39 @@ pub fn insert_decisions_sql() -> String {
         arrays.join(", ")
     )
 }
+
+/// The batch INSERT into `decisions` as the writer runs it: skips rows already there, adds the
+/// completions it did insert (only those: a replayed row is not counted twice) to
+/// `sla_seconds`, and answers one row, one column: how many it inserted.
+pub fn insert_decisions_sql() -> String {
+    format!(
+        "WITH ins AS ({} RETURNING completed_at_ms, tier, sla_violated), \
+         counted AS (INSERT INTO sla_seconds AS s (second_ms, tier, completed, violated) \
+             SELECT completed_at_ms / 1000 * 1000, tier, count(*), \
+                    count(*) FILTER (WHERE sla_violated) \
+             FROM ins WHERE sla_violated IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2 \
+             {SLA_SECONDS_ON_CONFLICT}) \
+         SELECT count(*) FROM ins",
+        insert_rows_sql()
+    )
+}
+
+const SLA_SECONDS_ON_CONFLICT: &str = "ON CONFLICT (second_ms, tier) DO UPDATE \
+     SET completed = s.completed + excluded.completed, violated = s.violated + excluded.violated";
+
+/// Adds a `COPY`'s completions to `sla_seconds`: (second, tier, completed, violated) arrays in
+/// key order, so two writers updating the same seconds take their row locks in the same order
+/// and cannot deadlock.
+pub fn add_sla_seconds_sql() -> String {
+    format!(
+        "INSERT INTO sla_seconds AS s (second_ms, tier, completed, violated) \
+         SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[], $4::int8[]) ORDER BY 1, 2 \
+         {SLA_SECONDS_ON_CONFLICT}"
+    )
+}
+
+/// The width of the SLA window's per-tier counts (`sla_seconds`, migration 3).
+pub const SLA_SECOND_MS: u64 = 1000;
 
 /// The batch INSERT into `queue_events`.
 pub const INSERT_QUEUE_EVENTS_SQL: &str = "INSERT INTO queue_events \
@@ -325,6 +359,9 @@ pub struct CopyBatch {
     queue_events: Vec<u8>,
     rows: usize,
     events: usize,
+    /// (second, tier, completed, violated) of the rows with `sla_violated` set: what the batch
+    /// adds to `sla_seconds`. A batch spans a few seconds and tiers: a short list, no map.
+    seconds: Vec<(i64, String, i64, i64)>,
 }
 
 fn put_len(buf: &mut Vec<u8>, n: usize) {
@@ -379,6 +416,7 @@ impl CopyBatch {
         self.queue_events.clear();
         self.rows = rows.len();
         self.events = 0;
+        self.seconds.clear();
         let buf = &mut self.decisions;
         buf.extend_from_slice(COPY_HEADER);
         let fields = (DECISION_COLUMNS.len() as i16).to_be_bytes();
@@ -399,6 +437,22 @@ impl CopyBatch {
         buf.extend_from_slice(COPY_TRAILER);
         for row in rows {
             let row = row.borrow();
+            if let Some(violated) = row.sla_violated {
+                let second = i64_of(row.completed_at_ms() / SLA_SECOND_MS * SLA_SECOND_MS);
+                let at = match self
+                    .seconds
+                    .iter()
+                    .rposition(|s| s.0 == second && s.1 == row.tier)
+                {
+                    Some(at) => at,
+                    None => {
+                        self.seconds.push((second, row.tier.clone(), 0, 0));
+                        self.seconds.len() - 1
+                    }
+                };
+                self.seconds[at].2 += 1;
+                self.seconds[at].3 += i64::from(violated);
+            }
             if row.queue_outcome.is_none() && row.queue_wait_ms.is_none() {
                 continue;
             }
@@ -421,10 +475,24 @@ impl CopyBatch {
         if self.events > 0 {
             self.queue_events.extend_from_slice(COPY_TRAILER);
         }
+        self.seconds
+            .sort_unstable_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
     }
 
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// What the batch adds to `sla_seconds`: second, tier, completed and violated, in key order.
+    pub fn sla_seconds(&self) -> (Vec<i64>, Vec<&str>, Vec<i64>, Vec<i64>) {
+        let mut out = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (second, tier, completed, violated) in &self.seconds {
+            out.0.push(*second);
+            out.1.push(tier.as_str());
+            out.2.push(*completed);
+            out.3.push(*violated);
+        }
+        out
     }
 
     /// The `decisions` COPY data (header, rows, trailer).

@@ -9,8 +9,8 @@
 //! run on different Pingora runtimes.
 
 use super::batch::{
-    copy_decisions_sql, decision_column_list, insert_decisions_sql, Batch, CopyBatch, JsonText,
-    COPY_QUEUE_EVENTS_SQL, INSERT_QUEUE_EVENTS_SQL,
+    add_sla_seconds_sql, copy_decisions_sql, decision_column_list, insert_decisions_sql, Batch,
+    CopyBatch, JsonText, COPY_QUEUE_EVENTS_SQL, INSERT_QUEUE_EVENTS_SQL, SLA_SECOND_MS,
 };
 use super::row::{LedgerRow, SignalsRow};
 use crate::decisions::RecentFilter;
@@ -94,9 +94,6 @@ impl SlaWindow {
     }
 }
 
-/// The width of the SLA window's per-tier counts (`sla_seconds`, migration 0003).
-pub const SLA_SECOND_MS: u64 = 1000;
-
 #[derive(Clone)]
 pub struct Db {
     write: PgPool,
@@ -104,6 +101,7 @@ pub struct Db {
     schema: String,
     insert_sql: String,
     copy_sql: String,
+    sla_seconds_sql: String,
     identity: String,
 }
 
@@ -172,6 +170,7 @@ impl Db {
             schema: schema.to_string(),
             insert_sql: insert_decisions_sql(),
             copy_sql: copy_decisions_sql(),
+            sla_seconds_sql: add_sla_seconds_sql(),
             identity,
         })
     }
@@ -191,10 +190,11 @@ impl Db {
         super::migrate::run(&mut c, &self.schema).map_err(err)
     }
 
-    /// Writes a batch of fresh rows (never written before) with binary `COPY`, its queue events
-    /// in the same transaction; returns the rows written. A row already present (a client that
-    /// reused an `x-request-id` within the same millisecond) fails the whole `COPY` as
-    /// [`InsertError::Rejected`]: the caller then falls back to [`Db::insert`].
+    /// Writes a batch of fresh rows (never written before) with binary `COPY`, in one
+    /// transaction with its queue events and its completions' per-second counts; returns the
+    /// rows written. A row already present (a client that reused an `x-request-id` within the
+    /// same millisecond) fails the whole `COPY` as [`InsertError::Rejected`]: the caller then
+    /// falls back to [`Db::insert`].
     pub fn copy(&self, batch: &CopyBatch) -> Result<u64, InsertError> {
         if batch.rows() == 0 {
             return Ok(0);
@@ -217,19 +217,25 @@ impl Db {
                 }
             })
         };
-        if batch.queue_event_count() == 0 {
-            // One statement commits on its own: no BEGIN and COMMIT round trips.
-            let mut w = c.copy_in(self.copy_sql.as_str()).map_err(insert_error)?;
-            copy(&mut w, batch.decisions())?;
-            return w.finish().map_err(insert_error);
-        }
         let mut tx = c.transaction().map_err(insert_error)?;
         let mut w = tx.copy_in(self.copy_sql.as_str()).map_err(insert_error)?;
         copy(&mut w, batch.decisions())?;
         let n = w.finish().map_err(insert_error)?;
-        let mut w = tx.copy_in(COPY_QUEUE_EVENTS_SQL).map_err(insert_error)?;
-        copy(&mut w, batch.queue_events())?;
-        w.finish().map_err(insert_error)?;
+        if batch.queue_event_count() > 0 {
+            let mut w = tx.copy_in(COPY_QUEUE_EVENTS_SQL).map_err(insert_error)?;
+            copy(&mut w, batch.queue_events())?;
+            w.finish().map_err(insert_error)?;
+        }
+        // Last, so the counts' row locks (the current second's, which every replica updates)
+        // are held only for the commit.
+        let (seconds, tiers, completed, violated) = batch.sla_seconds();
+        if !seconds.is_empty() {
+            tx.execute(
+                self.sla_seconds_sql.as_str(),
+                &[&seconds, &tiers, &completed, &violated],
+            )
+            .map_err(insert_error)?;
+        }
         tx.commit().map_err(insert_error)?;
         Ok(n)
     }
@@ -246,9 +252,11 @@ impl Db {
             .map_err(|e| InsertError::Unavailable(e.to_string()))?;
         let batch = Batch::build(rows);
         let mut tx = c.transaction().map_err(insert_error)?;
-        let n = tx
-            .execute(self.insert_sql.as_str(), &batch.decision_params())
+        let n: i64 = tx
+            .query_one(self.insert_sql.as_str(), &batch.decision_params())
+            .and_then(|r| r.try_get(0))
             .map_err(insert_error)?;
+        let n = n.max(0) as u64;
         if batch.queue_event_count() > 0 {
             tx.execute(INSERT_QUEUE_EVENTS_SQL, &batch.queue_event_params())
                 .map_err(insert_error)?;
@@ -301,9 +309,9 @@ impl Db {
     /// Completed proxied requests (`sla_violated` set) that finished at or after `since_ms`,
     /// at most the newest `last_n` of them.
     ///
-    /// Whole seconds come from `sla_seconds` (one row per second and tier, kept by a trigger in
-    /// the rows' own transactions); only the window's partial first second is counted row by
-    /// row. With `last_n`, seconds are taken newest first until the cap falls inside one, whose
+    /// Whole seconds come from `sla_seconds` (one row per second and tier, added to by the
+    /// writer in the rows' own transactions); only the window's partial first second is counted
+    /// row by row. With `last_n`, seconds are taken newest first until the cap falls inside one, whose
     /// newest rows are then read one by one: exact, and never a scan of the whole window.
     pub fn sla_window(&self, since_ms: u64, last_n: Option<u64>) -> Result<SlaWindow, String> {
         let whole_from = since_ms
