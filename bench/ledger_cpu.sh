@@ -62,6 +62,8 @@ free_port() {
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 # CPU ticks of the sluice threads named "BG ledger …" (the writer, its blocking jobs, the SLA
 # window): the ledger's own share of sluice's CPU, far less noisy than the difference of two runs.
+# A blocking thread that exits during the run (idle for 10 s: a writer stuck behind PostgreSQL)
+# takes its ticks with it, so this can undercount, even go negative.
 ledger_thread_ticks() {
     local f t=0 rest
     for f in /proc/"$1"/task/*/stat; do
