@@ -57,7 +57,13 @@ impl FairShare {
 
     /// Charges an admission.
     pub fn charge(&mut self, tenant: &str, charge: f64, now_ms: u64) {
-        if !self.counters.contains_key(tenant) && self.counters.len() >= MAX_TRACKED {
+        // The common case (a tenant seen before) allocates nothing on the request path.
+        if let Some(c) = self.counters.get_mut(tenant) {
+            c.value += charge;
+            c.at_ms = now_ms;
+            return;
+        }
+        if self.counters.len() >= MAX_TRACKED {
             self.forget_idle(now_ms);
         }
         let c = self.counters.entry(tenant.to_string()).or_insert(Counter {
