@@ -10,6 +10,7 @@ pub mod backend_tls;
 pub mod config;
 pub mod decisions;
 pub mod demo;
+pub mod json_line;
 pub mod ledger;
 pub mod lifecycle;
 pub mod log_writer;

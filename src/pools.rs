@@ -21,6 +21,19 @@ use std::time::{Duration, Instant};
 
 pub type Balancer = LoadBalancer<RoundRobin>;
 
+/// A backend's address as text, formatted once when the pool is built: every record names
+/// its backend, and formatting a socket address per request is a visible share of its cost.
+#[derive(Clone)]
+pub struct BackendName(pub Arc<str>);
+
+impl BackendName {
+    pub fn of(b: &Backend) -> String {
+        b.ext
+            .get::<BackendName>()
+            .map_or_else(|| b.addr.to_string(), |n| n.0.to_string())
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct CheckRecord {
     passed_once: bool,
@@ -276,9 +289,17 @@ impl PoolSet {
             .count()
     }
 
+    pub fn any_usable(&self, h: &PoolHandle) -> bool {
+        h.balancer
+            .backends()
+            .get_backend()
+            .iter()
+            .any(|b| self.usable(h, b))
+    }
+
     /// The first fallback pool with a usable backend.
     pub fn active_fallback(&self) -> Option<&PoolHandle> {
-        self.fallbacks.iter().find(|h| self.healthy_count(h) > 0)
+        self.fallbacks.iter().find(|h| self.any_usable(h))
     }
 
     pub fn handle(&self, pool: Pool) -> Option<&PoolHandle> {
@@ -348,6 +369,7 @@ fn balancer(
             if let Some(t) = tls {
                 b.ext.insert(Arc::clone(t));
             }
+            b.ext.insert(BackendName(sock.to_string().into()));
             backends.insert(b);
         }
     }

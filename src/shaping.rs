@@ -102,13 +102,15 @@ impl<'de> serde::de::Visitor<'de> for FactsVisitor {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FactsOnly, A::Error> {
         let (mut model, mut max_tokens, mut max_completion_tokens, mut stream) =
             (None, None, None, None);
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "model" => model = Some(map.next_value::<Value>()?),
-                "max_tokens" => max_tokens = Some(map.next_value::<Value>()?),
-                "max_completion_tokens" => max_completion_tokens = Some(map.next_value::<Value>()?),
-                "stream" => stream = Some(map.next_value::<Value>()?),
-                _ => {
+        while let Some(key) = map.next_key::<Key>()? {
+            match key {
+                Key::Model => model = Some(map.next_value::<Value>()?),
+                Key::MaxTokens => max_tokens = Some(map.next_value::<Value>()?),
+                Key::MaxCompletionTokens => {
+                    max_completion_tokens = Some(map.next_value::<Value>()?)
+                }
+                Key::Stream => stream = Some(map.next_value::<Value>()?),
+                Key::Other => {
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
             }
@@ -121,6 +123,38 @@ impl<'de> serde::de::Visitor<'de> for FactsVisitor {
                 .and_then(Value::as_i64),
             stream: stream.as_ref().and_then(Value::as_bool).unwrap_or(false),
         }))
+    }
+}
+
+/// A body key, told apart without allocating a `String` for it (keys without escapes are
+/// compared in place).
+enum Key {
+    Model,
+    MaxTokens,
+    MaxCompletionTokens,
+    Stream,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Key {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Key;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E: serde::de::Error>(self, k: &str) -> Result<Key, E> {
+                Ok(match k {
+                    "model" => Key::Model,
+                    "max_tokens" => Key::MaxTokens,
+                    "max_completion_tokens" => Key::MaxCompletionTokens,
+                    "stream" => Key::Stream,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 

@@ -79,7 +79,9 @@ impl<'a> FromSql<'a> for JsonText {
 
 /// The `unnest` path's parameter: the inputs as JSON text.
 fn json_text(v: Option<&PolicyInputs>) -> Option<JsonText> {
-    v.and_then(|i| serde_json::to_string(i).ok()).map(JsonText)
+    v.and_then(|i| crate::json_line::to_vec(i).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+        .map(JsonText)
 }
 
 fn i64_of(v: u64) -> i64 {
@@ -391,7 +393,7 @@ fn put_json(buf: &mut Vec<u8>, v: Option<&PolicyInputs>) {
     };
     let at = buf.len();
     buf.extend_from_slice(&[0, 0, 0, 0]);
-    if serde_json::to_writer(&mut *buf, v).is_err() || buf.len() - at - 4 > MAX_FIELD {
+    if crate::json_line::write(buf, v).is_err() || buf.len() - at - 4 > MAX_FIELD {
         buf.truncate(at);
         return put_null(buf);
     }

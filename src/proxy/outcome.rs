@@ -69,7 +69,9 @@ pub fn usage_of(body: &[u8], sse: bool) -> (Option<u64>, Option<u64>) {
         Some((count(u.prompt_tokens), count(u.completion_tokens)))
     };
     if !sse {
-        return parse(body).unwrap_or_default();
+        return usage_near_end(body)
+            .or_else(|| parse(body))
+            .unwrap_or_default();
     }
     let text = String::from_utf8_lossy(body);
     text.rsplit("\n\n")
@@ -78,6 +80,26 @@ pub fn usage_of(body: &[u8], sse: bool) -> (Option<u64>, Option<u64>) {
         .filter(|data| data.starts_with('{') && data.contains("\"usage\""))
         .find_map(|data| parse(data.as_bytes()))
         .unwrap_or_default()
+}
+
+/// The usage object of a completion body, found by its key from the end (vLLM and OpenAI put
+/// it last) and parsed alone: the whole body was ~6k instructions per request to read two
+/// numbers. `"usage"` followed by `:` cannot occur inside a JSON string (its quotes would be
+/// escaped there), so a match is a key; `None` sends the caller to the full parse.
+fn usage_near_end(body: &[u8]) -> Option<(Option<u64>, Option<u64>)> {
+    #[derive(serde::Deserialize)]
+    struct Usage {
+        prompt_tokens: Option<serde_json::Value>,
+        completion_tokens: Option<serde_json::Value>,
+    }
+    const KEY: &[u8] = b"\"usage\"";
+    let at = body.windows(KEY.len()).rposition(|w| w == KEY)?;
+    let rest = &body[at + KEY.len()..];
+    let value = rest.trim_ascii_start().strip_prefix(b":")?;
+    let mut de = serde_json::Deserializer::from_slice(value);
+    let u = <Option<Usage> as serde::Deserialize>::deserialize(&mut de).ok()??;
+    let count = |v: Option<serde_json::Value>| v.and_then(|v| v.as_u64());
+    Some((count(u.prompt_tokens), count(u.completion_tokens)))
 }
 
 fn error_kind(e: &Error) -> &'static str {
@@ -344,8 +366,10 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         } else {
             record.inputs.take()
         };
-        if let (Some(w), Ok(mut line)) = (crate::log_writer::stderr(), serde_json::to_vec(&record))
-        {
+        if let (Some(w), Ok(mut line)) = (
+            crate::log_writer::stderr(),
+            crate::json_line::to_vec(&record),
+        ) {
             line.push(b'\n');
             w.write(line);
         }
@@ -414,5 +438,21 @@ mod tests {
             (None, None)
         );
         assert_eq!(usage_of(b"not json", false), (None, None));
+        // The key inside generated text is escaped, so only the real usage counts.
+        let body = br#"{"choices":[{"message":{"content":"say \"usage\": {\"prompt_tokens\": 99}"}}],"usage" : {"prompt_tokens":4,"completion_tokens":2}}"#;
+        assert_eq!(usage_of(body, false), (Some(4), Some(2)));
+        assert_eq!(
+            usage_of(br#"{"usage":null,"choices":[]}"#, false),
+            (None, None)
+        );
+        // Not last: found all the same; a body cut mid-usage falls back and finds nothing.
+        assert_eq!(
+            usage_of(
+                br#"{"usage":{"prompt_tokens":1,"completion_tokens":3},"id":"x"}"#,
+                false
+            ),
+            (Some(1), Some(3))
+        );
+        assert_eq!(usage_of(br#"{"usage":{"prompt_tok"#, false), (None, None));
     }
 }

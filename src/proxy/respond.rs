@@ -4,6 +4,7 @@
 use super::ctx::Ctx;
 use crate::policy::{PoolSignals, Reason, Tier};
 use bytes::Bytes;
+use http::HeaderValue;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use serde_json::json;
@@ -35,20 +36,22 @@ pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
     if ctx.ops {
         return Ok(());
     }
+    // Static values need no copy or validation per response.
+    let fixed = HeaderValue::from_static;
     if !ctx.label.is_empty() {
-        resp.insert_header("x-sluice-decision", ctx.label)?;
+        resp.insert_header("x-sluice-decision", fixed(ctx.label))?;
     }
     if let Some(r) = ctx.reason {
-        resp.insert_header("x-sluice-reason", r.as_str())?;
+        resp.insert_header("x-sluice-reason", fixed(r.as_str()))?;
     }
     if let Some(id) = &ctx.identity {
-        resp.insert_header("x-sluice-tier", id.tier.as_str())?;
+        resp.insert_header("x-sluice-tier", fixed(id.tier.as_str()))?;
     }
     for (name, value) in ctx.quota.iter().flat_map(|q| q.headers()) {
         resp.insert_header(name, value)?;
     }
     if let (Some(pool), Some(_)) = (ctx.pool, &ctx.backend) {
-        resp.insert_header("x-sluice-pool", pool.as_str())?;
+        resp.insert_header("x-sluice-pool", fixed(pool.as_str()))?;
     }
     if let Some(q) = ctx.queued_for {
         resp.insert_header(

@@ -38,7 +38,7 @@ pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result
         );
     };
     ctx.pool = Some(pool);
-    ctx.backend = Some(backend.addr.to_string());
+    ctx.backend = Some(crate::pools::BackendName::of(&backend));
     let limits = &app.config.load().limits;
     let tls = backend.ext.get::<Arc<UpstreamTls>>().cloned();
     let mut peer = HttpPeer::new(backend, false, String::new());
