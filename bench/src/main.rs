@@ -145,6 +145,9 @@ enum Command {
         /// Requests per second.
         #[arg(long, default_value_t = 40.0)]
         rate: f64,
+        /// With the PostgreSQL ledger and Redis admission on (both must be running locally).
+        #[arg(long)]
+        ledger_and_redis: bool,
     },
     /// Model only, over many seeds: mean and range of each tier's violations per mode. For
     /// calibrating a scenario without trusting one lucky seed.
@@ -241,7 +244,7 @@ async fn run(command: Command) -> Result<(), String> {
             refuse_scaled_results(&common, &scen)?;
             results::run_scenarios(&common, &scen, &modes(&scen.modes)?).await?;
             overhead::run(&common, overhead_seconds, &[1, 16, 64]).await?;
-            soak::run(&common, soak_minutes, 40.0).await
+            soak::run(&common, soak_minutes, 40.0, false).await
         }
         Command::Run { common, scen } => {
             refuse_scaled_results(&common, &scen)?;
@@ -256,7 +259,8 @@ async fn run(command: Command) -> Result<(), String> {
             common,
             minutes,
             rate,
-        } => soak::run(&common, minutes, rate).await,
+            ledger_and_redis,
+        } => soak::run(&common, minutes, rate, ledger_and_redis).await,
         Command::Calibrate { scen, seeds } => {
             results::calibrate(&scen, &modes(&scen.modes)?, seeds)
         }

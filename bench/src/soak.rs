@@ -32,7 +32,13 @@ pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
     (sxx > 0.0).then(|| sxy / sxx)
 }
 
-pub async fn run(common: &Common, minutes: f64, rate: f64) -> Result<(), String> {
+/// `with_extras`: the PostgreSQL ledger and Redis admission on as well (issue 13's soak).
+pub async fn run(
+    common: &Common,
+    minutes: f64,
+    rate: f64,
+    with_extras: bool,
+) -> Result<(), String> {
     if !(minutes.is_finite() && rate.is_finite()) || minutes <= 0.0 || rate <= 0.0 {
         return Err("--minutes and --rate must be positive".into());
     }
@@ -70,7 +76,37 @@ pub async fn run(common: &Common, minutes: f64, rate: f64) -> Result<(), String>
         "tiers": {"Guaranteed": {"inflight_capacity": 64}, "Standard": {"inflight_capacity": 32},
                   "Best-Effort": {"inflight_capacity": 16}},
     });
+    let mut cfg = cfg;
+    if with_extras {
+        crate::sluice_conf::merge(
+            &mut cfg,
+            &json!({
+                "database_url": crate::sluice_conf::LEDGER_URL,
+                "ledger": {"schema": "sluice_soak", "spool_dir": wd.path.join("spool").display().to_string()},
+                "redis_url": "redis://127.0.0.1:6379",
+                "coordination": {"redis_prefix": "sluice-soak"},
+            }),
+        );
+    }
     let sluice = procs::start_sluice(&bin, &cfg, &wd.path, &c).await?;
+    // Both must really be in use, not failed open: the run would measure something else.
+    for tries in 0.. {
+        if !with_extras {
+            break;
+        }
+        let st = procs::get_json(&c, &sluice.url("/status")).await?;
+        let deps = &st["dependencies"];
+        if st["coordinator"] != json!("local")
+            && deps["ledger"] == json!(true)
+            && deps["coordinator"] == json!(true)
+        {
+            break;
+        }
+        if tries == 50 {
+            return Err(format!("started, but not on the ledger and Redis: {deps}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let pid = sluice.pid();
     let url = sluice.url("/v1/chat/completions");
     eprintln!("sluice-bench: soak for {minutes} min at {rate} req/s (Sluice pid {pid})");
@@ -167,16 +203,25 @@ pub async fn run(common: &Common, minutes: f64, rate: f64) -> Result<(), String>
         .collect();
     let mib = |k: u64| k as f64 / 1024.0;
     let mut md = String::new();
-    md.push_str("## Long run: Sluice's memory (issue 6)\n\n");
+    let (title, flag, extras) = if with_extras {
+        (
+            "## Long run: Sluice's memory with the ledger and Redis admission (issue 13)",
+            " --ledger-and-redis",
+            ", with the PostgreSQL ledger (schema `sluice_soak`) and Redis admission on",
+        )
+    } else {
+        ("## Long run: Sluice's memory (issue 6)", "", "")
+    };
+    let _ = writeln!(md, "{title}\n");
     let _ = writeln!(
         md,
-        "Command: `target/release/sluice-bench soak --minutes {minutes} --rate {rate}` (also part of `bench/run.sh`)  \n{}\n",
+        "Command: `target/release/sluice-bench soak --minutes {minutes} --rate {rate}{flag}` (also part of `bench/run.sh`)  \n{}\n",
         env.line()
     );
     let _ = writeln!(
         md,
         "Steady {rate} requests/s through Sluice's full pipeline (capacities 64/32/16, queue, fallback configured) \
-         for {minutes} minutes: a quarter each from the three configured tenants, a quarter from {TENANTS} rotating \
+         for {minutes} minutes{extras}: a quarter each from the three configured tenants, a quarter from {TENANTS} rotating \
          unknown tenants (Best-Effort), 20 % streamed, 16–128 completion tokens, against fast simulators. \
          VmRSS of the `sluice serve` process sampled every {} s.\n",
         SAMPLE_EVERY.as_secs()
@@ -207,7 +252,8 @@ pub async fn run(common: &Common, minutes: f64, rate: f64) -> Result<(), String>
         slope(&settled).map_or("–".into(), |s| format!("{:+.0} KiB/min", s)),
         final_rss.map_or("–".into(), |v| format!("{:.1} MiB", mib(v))),
     );
-    let svg_path = common.out.join("soak-rss.svg");
+    let name = if with_extras { "soak-extras" } else { "soak" };
+    let svg_path = common.out.join(format!("{name}-rss.svg"));
     std::fs::create_dir_all(&common.out).map_err(|e| e.to_string())?;
     std::fs::write(&svg_path, rss_plot(&points)).map_err(|e| e.to_string())?;
     let link = common
@@ -223,7 +269,7 @@ pub async fn run(common: &Common, minutes: f64, rate: f64) -> Result<(), String>
     );
     println!("{md}");
     if let Some(path) = &common.results_md {
-        results::update_section(path, "soak", &md)?;
+        results::update_section(path, name, &md)?;
     }
     Ok(())
 }
