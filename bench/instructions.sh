@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Instructions per proxied request, counted by valgrind's callgrind: repeatable whatever else
+# the machine runs (unlike req/s on a shared 2-core machine), so it is how request-path changes
+# are compared. Bare Pingora (`sluice-bench bare-proxy`) and Sluice alone, with the ledger, and
+# with the ledger and Redis admission (PostgreSQL and Redis must run locally), each under wrk at
+# 16 connections for SECS seconds; counters are zeroed once the proxy is ready, so start-up is
+# not counted. Background work (the metrics poller, the ledger writer) is, as it runs per request
+# or per second. Prints instructions per request; callgrind files stay in $OUT for
+# `callgrind_annotate`.
+#   bench/instructions.sh [path/to/sluice] [seconds] [configs: bare sluice ledger both]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-${CARGO_TARGET_DIR:-target}/release/sluice}
+SECS=${2:-15}
+CONFIGS=${3:-bare sluice ledger both}
+OUT=${OUT:-/tmp/sluice-callgrind}
+command -v valgrind >/dev/null || { echo "needs valgrind" >&2; exit 1; }
+mkdir -p "$OUT"
+. bench/lib/static_backend.sh
+ledger=("database_url: postgres://postgres@127.0.0.1:5432/test"
+        "ledger: {schema: sluice_instructions, spool_dir: $dir/spool}")
+redis=("redis_url: redis://127.0.0.1:6379" "coordination: {redis_prefix: sluice-instructions}")
+for cfg in $CONFIGS; do
+  port=$(free_port)
+  case $cfg in
+    bare) cmd=("$(dirname "$BIN")/sluice-bench" bare-proxy --listen "127.0.0.1:$port"
+               --upstream "127.0.0.1:$backend" --threads=2); ready=/health ;;
+    sluice) sluice_conf "$port" ;;
+    ledger) sluice_conf "$port" "${ledger[@]}" ;;
+    both) sluice_conf "$port" "${ledger[@]}" "${redis[@]}" ;;
+    *) echo "unknown config $cfg" >&2; exit 1 ;;
+  esac
+  [ "$cfg" = bare ] || { cmd=("$BIN" serve --config "$dir/sluice.yaml"); ready=/readyz; }
+  env -u RUST_LOG valgrind --tool=callgrind --callgrind-out-file="$OUT/$cfg.out" "${cmd[@]}" \
+    >/dev/null 2>"$OUT/$cfg.log" &
+  spid=$!
+  wait_ready "$port" "$ready"
+  sleep 2
+  callgrind_control -z $spid >/dev/null 2>&1
+  out=$(wrk -t2 -c16 -d${SECS}s -s bench/chat.lua "http://127.0.0.1:$port/v1/chat/completions")
+  kill -INT $spid; wait $spid 2>/dev/null || true
+  spid=""
+  n=$(awk '/requests in/ {print $1}' <<<"$out")
+  ir=$(callgrind_annotate "$OUT/$cfg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1; exit}')
+  printf '%-7s %6d requests  %8d instructions per request\n' "$cfg" "$n" $((ir / n))
+done
