@@ -18,6 +18,10 @@ pub const PREREAD_MAX: usize = 64 * 1024;
 /// How long a request arriving right after start may wait for the first health checks.
 const FIRST_CHECKS_WAIT: Duration = Duration::from_secs(2);
 
+// Looked up by name on every request: parsed once here, not per lookup.
+const X_TENANT_ID: http::HeaderName = http::HeaderName::from_static("x-tenant-id");
+const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
 static REQUEST_SEQ: AtomicU64 = AtomicU64::new(0);
 /// Process start (unix ms): generated ids stay unique across restarts of a pod whose name and
 /// pid repeat (pid 1 in a container), so the ledger's idempotence key never merges two requests.
@@ -172,7 +176,7 @@ fn request_id(app: &App, session: &Session) -> String {
     let given = session
         .req_header()
         .headers
-        .get("x-request-id")
+        .get(&X_REQUEST_ID)
         .and_then(|v| v.to_str().ok());
     match given {
         Some(id)
@@ -208,8 +212,10 @@ fn generated_id(prefix: &str, seq: u64) -> String {
 /// Tenant and tier, from the API key or `X-Tenant-ID`.
 fn identify(app: &App, session: &Session, ctx: &mut Ctx) -> std::result::Result<Tier, Refusal> {
     let headers = &session.req_header().headers;
-    let tenant = headers.get("x-tenant-id").map(|v| v.as_bytes());
-    let auth = headers.get("authorization").map(|v| v.as_bytes());
+    let tenant = headers.get(&X_TENANT_ID).map(|v| v.as_bytes());
+    let auth = headers
+        .get(http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
     match app.tenants.load().resolve(tenant, auth) {
         Ok(id) => {
             let tier = id.tier;
@@ -231,7 +237,11 @@ fn identify(app: &App, session: &Session, ctx: &mut Ctx) -> std::result::Result<
 /// stream (`request_body_filter`).
 fn declared_length(app: &App, session: &Session) -> std::result::Result<Option<usize>, Refusal> {
     let max = app.config.load().limits.max_body_bytes;
-    let declared = match session.req_header().headers.get("content-length") {
+    let declared = match session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+    {
         None => None,
         Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()) {
             Some(n) => Some(n),

@@ -24,7 +24,7 @@ pub fn response_filter(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
     ctx.status = resp.status.as_u16();
     ctx.response_is_sse = resp
         .headers
-        .get("content-type")
+        .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     decision_headers(resp, ctx)
