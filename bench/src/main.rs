@@ -10,6 +10,7 @@
 //! `sluice-bench all` runs everything and rewrites its sections of `bench/RESULTS.md`.
 
 mod bare;
+mod flame;
 mod live;
 mod model;
 mod model_queue;
@@ -126,6 +127,13 @@ enum Command {
         /// Connection counts.
         #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
         connections: Vec<u32>,
+        /// After the table's runs, record each proxy (bare Pingora, Sluice, Sluice with the
+        /// ledger, Sluice with the ledger and Redis) with `perf record` during one more wrk run
+        /// at 16 connections and write DIR/<config>.svg (inferno), DIR/<config>.folded.gz and
+        /// DIR/SHARES.md.
+        /// Needs perf and inferno (`cargo install inferno --locked`); see bench/flamegraphs.sh.
+        #[arg(long, value_name = "DIR")]
+        flamegraphs: Option<PathBuf>,
     },
     /// The smallest Pingora reverse proxy, for the overhead bench's "bare Pingora" row.
     BareProxy {
@@ -243,7 +251,7 @@ async fn run(command: Command) -> Result<(), String> {
             }
             refuse_scaled_results(&common, &scen)?;
             results::run_scenarios(&common, &scen, &modes(&scen.modes)?).await?;
-            overhead::run(&common, overhead_seconds, &[1, 16, 64]).await?;
+            overhead::run(&common, overhead_seconds, &[1, 16, 64], None).await?;
             soak::run(&common, soak_minutes, 40.0, false).await
         }
         Command::Run { common, scen } => {
@@ -254,7 +262,8 @@ async fn run(command: Command) -> Result<(), String> {
             common,
             seconds,
             connections,
-        } => overhead::run(&common, seconds, &connections).await,
+            flamegraphs,
+        } => overhead::run(&common, seconds, &connections, flamegraphs.as_deref()).await,
         Command::Soak {
             common,
             minutes,

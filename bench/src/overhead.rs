@@ -12,6 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::flame;
 use crate::procs::{self, HttpClient, Proc, WorkDir};
 use crate::report;
 use crate::results::{self, Environment};
@@ -254,7 +255,15 @@ fn wrk(url: &str, conns: u32, secs: u64, script: &Path) -> Result<WrkResult, Str
     })
 }
 
-pub async fn run(common: &Common, secs: u64, conns: &[u32]) -> Result<(), String> {
+pub async fn run(
+    common: &Common,
+    secs: u64,
+    conns: &[u32],
+    flamegraphs: Option<&Path>,
+) -> Result<(), String> {
+    if flamegraphs.is_some() {
+        flame::check_tools()?;
+    }
     for tool in ["wrk", "nginx"] {
         if Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
@@ -372,6 +381,9 @@ pub async fn run(common: &Common, secs: u64, conns: &[u32]) -> Result<(), String
     }
     let md = table(&rows, conns);
     println!("{md}");
+    if let Some(dir) = flamegraphs {
+        flame_runs(&targets, dir, secs, &script, &wd.path)?;
+    }
     let mut section = String::new();
     section.push_str("## Proxy overhead against nginx (issue 6)\n\n");
     let _ = writeln!(
@@ -413,6 +425,171 @@ pub async fn run(common: &Common, secs: u64, conns: &[u32]) -> Result<(), String
     drop(nginx);
     drop(spot);
     drop(od);
+    Ok(())
+}
+
+/// Connections of the recorded run: the issue-13 table's first column.
+const FLAME_CONNS: u32 = 16;
+
+/// The file name of a target's flame graph.
+fn flame_stem(target: &str) -> String {
+    match target {
+        "pingora (bare)" => "pingora-bare".into(),
+        other => other.replace(" + ", "-").replace(' ', "-"),
+    }
+}
+
+/// Frame families compared across the graphs in SHARES.md: each is the share of the proxy's
+/// samples whose stack holds a frame containing one of the substrings.
+const FAMILIES: &[(&str, &[&str])] = &[
+    (
+        "every ProxyHttp hook of the proxy",
+        &[
+            "<sluice::proxy::Sluice as pingora_proxy::proxy_trait::ProxyHttp>::",
+            "<sluice_bench::bare::Bare as pingora_proxy::proxy_trait::ProxyHttp>::",
+        ],
+    ),
+    ("request_filter", &["ProxyHttp>::request_filter"]),
+    (
+        "· admission (decide_and_admit)",
+        &["sluice::proxy::admit::decide_and_admit"],
+    ),
+    (
+        "· request body facts (shaping::facts)",
+        &["sluice::shaping::facts"],
+    ),
+    ("upstream_peer", &["ProxyHttp>::upstream_peer"]),
+    (
+        "upstream_request_filter",
+        &["ProxyHttp>::upstream_request_filter"],
+    ),
+    ("response_filter", &["ProxyHttp>::response_filter"]),
+    (
+        "· decision headers (respond::decision_headers)",
+        &["sluice::proxy::respond::decision_headers"],
+    ),
+    (
+        "response_body_filter",
+        &["ProxyHttp>::response_body_filter"],
+    ),
+    ("logging hook", &["ProxyHttp>::logging"]),
+    ("· outcome::logging", &["sluice::proxy::outcome::logging"]),
+    (
+        "· json_line (the log line, ledger inputs)",
+        &["sluice::json_line::"],
+    ),
+    (
+        "header inserts, Pingora's and Sluice's",
+        &["insert_header", "append_header"],
+    ),
+    ("log writer thread (sluice-log)", &["sluice-log;"]),
+    ("ledger (any sluice::ledger frame)", &["sluice::ledger::"]),
+    ("redis (any redis:: frame)", &["redis::"]),
+    ("metrics (prometheus)", &["prometheus::"]),
+    ("malloc/free (mimalloc)", &["mi_malloc", "mi_free", "_mi_"]),
+    ("kernel (syscalls)", &["entry_SYSCALL_64"]),
+];
+
+/// One more wrk run per proxy at 16 connections, each recorded by perf, drawn by inferno.
+fn flame_runs(
+    targets: &[Target],
+    dir: &Path,
+    secs: u64,
+    script: &Path,
+    work: &Path,
+) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Flame-graph shares\n\n`sluice-bench overhead --flamegraphs {}` (bench/flamegraphs.sh): \
+         `perf record -e cpu-clock -F 999 --call-graph {}` of each proxy process during one \
+         {secs} s wrk run at {FLAME_CONNS} connections. Percentages are of the proxy's own samples \
+         (every thread; idle time is not sampled). \"Inclusive\": the sample's stack holds the \
+         frame. Inlined functions are part of their caller.\n",
+        dir.display(),
+        flame::call_graph_mode()
+    );
+    let mut compare: Vec<(String, u64, f64, std::collections::BTreeMap<String, f64>)> = Vec::new();
+    for t in targets {
+        let Some(p) = t.process.as_ref().filter(|_| t.skipped.is_none()) else {
+            continue;
+        };
+        let stem = flame_stem(t.name);
+        eprintln!(
+            "sluice-bench: perf record {} during wrk {FLAME_CONNS} connections ({secs} s)",
+            t.name
+        );
+        let rec = flame::Recording::start(p.pid(), &work.join(format!("{stem}.perf.data")))?;
+        let r = wrk(&t.url, FLAME_CONNS, secs, script);
+        let data = rec.stop()?;
+        let rps = r.map(|r| r.rps).unwrap_or(0.0);
+        eprintln!(
+            "sluice-bench: folding {} ({rps:.0} req/s under perf)",
+            t.name
+        );
+        let folded = flame::fold(&data)?;
+        let _ = std::fs::remove_file(&data);
+        let title = format!(
+            "{} — wrk {FLAME_CONNS} connections, {secs} s, {rps:.0} req/s under perf (cpu-clock 999 Hz, {})",
+            t.name,
+            flame::call_graph_mode()
+        );
+        let svg = dir.join(format!("{stem}.svg"));
+        flame::draw(&folded, &title, &svg)?;
+        flame::write_gz(&folded, &dir.join(format!("{stem}.folded.gz")))?;
+        let s = flame::shares(&folded, flame::is_own_frame);
+        md.push_str(&flame::summary(t.name, &s, 25));
+        compare.push((
+            t.name.to_string(),
+            s.total,
+            rps,
+            flame::family_shares(&folded, FAMILIES),
+        ));
+        eprintln!("sluice-bench: wrote {}", svg.display());
+    }
+    let _ = write!(
+        md,
+        "## Compared\n\nEach cell: the share of the proxy's samples whose stack holds such a frame, \
+         and that share of its CPU per request (µs).\n\n| frames |"
+    );
+    for (name, ..) in &compare {
+        let _ = write!(md, " {name} |");
+    }
+    let _ = write!(
+        md,
+        "\n|---|{}\n| CPU recorded |",
+        "---|".repeat(compare.len())
+    );
+    for (_, total, ..) in &compare {
+        let _ = write!(md, " {:.0} ms |", *total as f64 / 1e6);
+    }
+    md.push_str("\n| req/s under perf |");
+    for (_, _, rps, _) in &compare {
+        let _ = write!(md, " {rps:.0} |");
+    }
+    // CPU per request: the recorded CPU over the requests wrk completed (rate × duration).
+    let per_req = |total: u64, rps: f64| total as f64 / 1e3 / (rps * secs as f64).max(1.0);
+    md.push_str("\n| CPU per request |");
+    for (_, total, rps, _) in &compare {
+        let _ = write!(md, " {:.1} µs |", per_req(*total, *rps));
+    }
+    md.push('\n');
+    for (family, _) in FAMILIES {
+        let _ = write!(md, "| {family} |");
+        for (_, total, rps, f) in &compare {
+            let pct = f.get(*family).copied().unwrap_or(0.0);
+            let _ = write!(
+                md,
+                " {pct:.1} % · {:.1} µs |",
+                pct / 100.0 * per_req(*total, *rps)
+            );
+        }
+        md.push('\n');
+    }
+    let path = dir.join("SHARES.md");
+    std::fs::write(&path, &md).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("{md}");
     Ok(())
 }
 
