@@ -54,6 +54,11 @@ pub struct SignalsUsed {
     pub sla_violation_rate: Option<f64>,
 }
 
+/// A field whose value is usually one of the program's own names (a tier, a decision, a
+/// reason): borrowed then, so a record costs no allocation per such field; owned when read back
+/// from the spool or the database.
+pub type Text = std::borrow::Cow<'static, str>;
+
 /// Owned and deserialisable: the same type is the ledger's row, its spool line and the answer of
 /// `/decisions/recent`. `#[serde(default)]` lets a spool written by an older build (fewer
 /// fields) still be replayed.
@@ -65,15 +70,15 @@ pub struct DecisionRecord {
     pub received_at_ms: u64,
     pub replica: String,
     pub tenant: String,
-    pub tier: String,
-    pub method: String,
+    pub tier: Text,
+    pub method: Text,
     pub path: String,
     /// pass, degrade, queue, fallback, reject, or error (Sluice could not proxy).
-    pub decision: String,
-    pub reason: String,
-    pub state: String,
-    pub pool: Option<String>,
-    pub route_reason: Option<String>,
+    pub decision: Text,
+    pub reason: Text,
+    pub state: Text,
+    pub pool: Option<Text>,
+    pub route_reason: Option<Text>,
     pub backend: Option<String>,
     pub requested_model: Option<String>,
     pub routed_model: Option<String>,

@@ -448,7 +448,7 @@ impl CopyBatch {
                 {
                     Some(at) => at,
                     None => {
-                        self.seconds.push((second, row.tier.clone(), 0, 0));
+                        self.seconds.push((second, row.tier.to_string(), 0, 0));
                         self.seconds.len() - 1
                     }
                 };

@@ -2,7 +2,7 @@
 //! spool as a JSON line and read back, and serialised with exactly the record's field names so
 //! `/decisions/recent` answers the same shape from PostgreSQL as from the in-memory ring.
 
-use crate::decisions::DecisionRecord;
+use crate::decisions::{DecisionRecord, Text};
 use std::sync::Arc;
 
 /// The ledger's row is the decision record itself (owned, deserialisable); these names keep the
@@ -35,6 +35,15 @@ fn opt_text(s: Option<&str>) -> Option<String> {
     s.map(text)
 }
 
+/// [`text`] for a field that is usually one of the program's names (kept borrowed).
+fn name(s: &Text) -> Text {
+    if s.contains('\0') {
+        Text::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        s.clone()
+    }
+}
+
 /// A copy fit for PostgreSQL and the JSON spool: NUL-free text, a finite latency.
 pub fn sanitized(r: &DecisionRecord) -> LedgerRow {
     {
@@ -43,14 +52,14 @@ pub fn sanitized(r: &DecisionRecord) -> LedgerRow {
             received_at_ms: r.received_at_ms,
             replica: text(&r.replica),
             tenant: text(&r.tenant),
-            tier: text(&r.tier),
-            method: text(&r.method),
+            tier: name(&r.tier),
+            method: name(&r.method),
             path: text(&r.path),
-            decision: text(&r.decision),
-            reason: text(&r.reason),
-            state: text(&r.state),
-            pool: opt_text(r.pool.as_deref()),
-            route_reason: opt_text(r.route_reason.as_deref()),
+            decision: name(&r.decision),
+            reason: name(&r.reason),
+            state: name(&r.state),
+            pool: r.pool.as_ref().map(name),
+            route_reason: r.route_reason.as_ref().map(name),
             backend: opt_text(r.backend.as_deref()),
             requested_model: opt_text(r.requested_model.as_deref()),
             routed_model: opt_text(r.routed_model.as_deref()),
@@ -102,7 +111,7 @@ impl LedgerRow {
         let opt = |s: &Option<String>| s.as_deref().is_none_or(ok);
         self.latency_ms.is_finite()
             && [
-                &self.request_id,
+                &*self.request_id,
                 &self.replica,
                 &self.tenant,
                 &self.tier,
@@ -113,10 +122,11 @@ impl LedgerRow {
                 &self.state,
             ]
             .into_iter()
-            .all(|s| ok(s))
+            .all(ok)
+            && [&self.pool, &self.route_reason]
+                .into_iter()
+                .all(|s| s.as_deref().is_none_or(ok))
             && [
-                &self.pool,
-                &self.route_reason,
                 &self.backend,
                 &self.requested_model,
                 &self.routed_model,

@@ -102,6 +102,20 @@ fn usage_near_end(body: &[u8]) -> Option<(Option<u64>, Option<u64>)> {
     Some((count(u.prompt_tokens), count(u.completion_tokens)))
 }
 
+/// The standard methods as static names (no allocation per record), others as sent.
+fn method_name(m: &http::Method) -> crate::decisions::Text {
+    match m.as_str() {
+        "GET" => "GET".into(),
+        "POST" => "POST".into(),
+        "PUT" => "PUT".into(),
+        "PATCH" => "PATCH".into(),
+        "DELETE" => "DELETE".into(),
+        "HEAD" => "HEAD".into(),
+        "OPTIONS" => "OPTIONS".into(),
+        other => other.to_string().into(),
+    }
+}
+
 fn error_kind(e: &Error) -> &'static str {
     match (e.esource(), e.etype()) {
         (_, ErrorType::HTTPStatus(_)) => "refused",
@@ -269,22 +283,22 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
             .as_ref()
             .map(|i| i.tenant.clone())
             .unwrap_or_default(),
-        tier: tier_name.to_string(),
-        method: req.method.as_str().to_string(),
+        tier: tier_name.into(),
+        method: method_name(&req.method),
         path: req.uri.path().to_string(),
-        decision: label.to_string(),
-        reason: reason.to_string(),
+        decision: label.into(),
+        reason: reason.into(),
         state: ctx
             .decision
             .as_ref()
             .map_or("", |d| d.state.as_str())
-            .to_string(),
-        pool: ctx.pool.filter(|_| proxied).map(|p| p.as_str().to_string()),
+            .into(),
+        pool: ctx.pool.filter(|_| proxied).map(|p| p.as_str().into()),
         route_reason: ctx
             .route_reason
             .filter(|_| proxied)
-            .map(|r| r.as_str().to_string()),
-        backend: ctx.backend.clone(),
+            .map(|r| r.as_str().into()),
+        backend: ctx.backend.take(),
         requested_model: ctx.facts.as_ref().and_then(|f| f.model.clone()),
         routed_model: ctx
             .fallback_model
