@@ -58,15 +58,11 @@ pub fn usage_of(body: &[u8], sse: bool) -> (Option<u64>, Option<u64>) {
     struct Body {
         usage: Option<Usage>,
     }
-    #[derive(serde::Deserialize)]
-    struct Usage {
-        prompt_tokens: Option<serde_json::Value>,
-        completion_tokens: Option<serde_json::Value>,
-    }
-    let parse = |json: &[u8]| -> Option<(Option<u64>, Option<u64>)> {
-        let u = serde_json::from_slice::<Body>(json).ok()?.usage?;
-        let count = |v: Option<serde_json::Value>| v.and_then(|v| v.as_u64());
-        Some((count(u.prompt_tokens), count(u.completion_tokens)))
+    let parse = |json: &[u8]| {
+        serde_json::from_slice::<Body>(json)
+            .ok()?
+            .usage
+            .map(Usage::counts)
     };
     if !sse {
         return usage_near_end(body)
@@ -87,19 +83,26 @@ pub fn usage_of(body: &[u8], sse: bool) -> (Option<u64>, Option<u64>) {
 /// numbers. `"usage"` followed by `:` cannot occur inside a JSON string (its quotes would be
 /// escaped there), so a match is a key; `None` sends the caller to the full parse.
 fn usage_near_end(body: &[u8]) -> Option<(Option<u64>, Option<u64>)> {
-    #[derive(serde::Deserialize)]
-    struct Usage {
-        prompt_tokens: Option<serde_json::Value>,
-        completion_tokens: Option<serde_json::Value>,
-    }
     const KEY: &[u8] = b"\"usage\"";
     let at = body.windows(KEY.len()).rposition(|w| w == KEY)?;
     let rest = &body[at + KEY.len()..];
     let value = rest.trim_ascii_start().strip_prefix(b":")?;
     let mut de = serde_json::Deserializer::from_slice(value);
     let u = <Option<Usage> as serde::Deserialize>::deserialize(&mut de).ok()??;
-    let count = |v: Option<serde_json::Value>| v.and_then(|v| v.as_u64());
-    Some((count(u.prompt_tokens), count(u.completion_tokens)))
+    Some(u.counts())
+}
+
+#[derive(serde::Deserialize)]
+struct Usage {
+    prompt_tokens: Option<serde_json::Value>,
+    completion_tokens: Option<serde_json::Value>,
+}
+
+impl Usage {
+    fn counts(self) -> (Option<u64>, Option<u64>) {
+        let count = |v: Option<serde_json::Value>| v.and_then(|v| v.as_u64());
+        (count(self.prompt_tokens), count(self.completion_tokens))
+    }
 }
 
 /// The standard methods as static names (no allocation per record), others as sent.
