@@ -327,6 +327,20 @@ pub fn run(input: ModelInput<'_>) -> Run {
                     })
                 });
                 let work = inflight_work(&engines);
+                // Every request Sluice sent and that has not ended, with its age so far, as
+                // the live hub reports its in-flight registry at each tick.
+                for e in &engines {
+                    for j in e.running.iter().chain(e.waiting.iter()) {
+                        if j.slot.is_some() {
+                            let r = &records[j.rec];
+                            p.outcomes[j.signal_pool].push(Outcome::pending(
+                                now as u64,
+                                r.tier,
+                                now - r.at_ms as f64,
+                            ));
+                        }
+                    }
+                }
                 let od = &engines[ON_DEMAND];
                 let sp = &engines[sp_engine];
                 // vLLM's queue delay as Sluice derives it from two scrapes of the histogram.
@@ -358,12 +372,13 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 if std::env::var_os("SLUICE_MODEL_TRACE").is_some() {
                     let c = &p.state.pools[0];
                     eprintln!(
-                        "t={:.1} L={:.2} delay={:?} h={:?} lat={:?} moved={:?} w={}",
+                        "t={:.1} L={:.2} delay={:?} h={:?} lat={:?} lead={:?} moved={:?} w={}",
                         now / 1000.0,
                         c.level,
                         c.delay_ms.map(|d| d.round()),
                         c.headroom.map(|h| h.map(|h| (h * 100.0).round() / 100.0)),
                         c.latency_ms.map(|h| h.map(|h| h.round())),
+                        c.lead_ms.map(|h| h.map(|h| h.round())),
                         c.moved,
                         od.waiting.len()
                     );
@@ -461,6 +476,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                                 tier: r.tier,
                                 latency_ms: Some(r.latency_ms),
                                 failed: false,
+                                pending: false,
                             });
                         }
                     }
@@ -551,6 +567,7 @@ fn arrive(
         tier: a.tier,
         latency_ms: None,
         failed: false,
+        pending: false,
     });
     if d.action == Action::Reject {
         rec.status = 429;

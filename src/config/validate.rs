@@ -278,6 +278,12 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
         ("min_step_up", a.min_step_up, 10.0, "steps per sample"),
         ("step_down", a.step_down, 10.0, "steps per sample"),
         (
+            "rise_gain",
+            a.rise_gain,
+            100.0,
+            "steps per unit of headroom shortfall",
+        ),
+        (
             "work_share_standard",
             a.work_share_standard,
             2.0,

@@ -119,6 +119,7 @@ fn admission_control(state: &PolicyState, rules: &PolicyRules) -> Value {
                     let v = json!({
                         "headroom": c.headroom[t.index()],
                         "latency_p_ms": c.latency_ms[t.index()],
+                        "lead_p_ms": c.lead_ms[t.index()],
                         "sla_target_ms": rules.tier(t).sla_target_ms,
                         "capped": sh.cap, "fallback": sh.fallback, "shed": sh.shed,
                     });

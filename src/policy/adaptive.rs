@@ -59,12 +59,18 @@ pub struct AdaptiveTuning {
     pub work_share_best_effort: f64,
     /// Completion tokens counted for a request that sets no `max_tokens`.
     pub assumed_max_tokens: u64,
+    /// Rise per unit of headroom shortfall, in ladder steps (then bounded by the step sizes).
+    pub rise_gain: f64,
+    /// Count requests still running at their age so far (the leading reading).
+    pub lead: bool,
+    /// Once vLLM's queue is empty, judge relaxing on the requests admitted since it emptied.
+    pub relax_on_drain: bool,
 }
 
 impl Default for AdaptiveTuning {
     fn default() -> Self {
         Self {
-            window_ms: 4000,
+            window_ms: 3000,
             quantile: 0.9,
             min_samples: 4,
             escalate_below: 0.3,
@@ -72,13 +78,16 @@ impl Default for AdaptiveTuning {
             max_step_up: 2.0,
             min_step_up: 0.25,
             step_down: 0.25,
-            hold_ms: 2000,
+            hold_ms: 1500,
             rail_pressure_at: Some(100.0),
             rail_queue_depth_at: Some(128.0),
             work_gate: false,
             work_share_standard: 0.9,
             work_share_best_effort: 0.7,
             assumed_max_tokens: 1024,
+            rise_gain: 3.0,
+            lead: true,
+            relax_on_drain: true,
         }
     }
 }
@@ -162,6 +171,39 @@ pub struct Outcome {
     pub latency_ms: Option<f64>,
     /// The request failed (5xx, timeout): counted as a missed target.
     pub failed: bool,
+    /// A request still outstanding at `at` (sent to the pool, not yet answered), reported at
+    /// every sample while it runs: `latency_ms` is its age so far, a lower bound on its
+    /// latency that is known before it ends. Counted for this sample only, never remembered.
+    pub pending: bool,
+}
+
+impl Outcome {
+    /// A request decided at `at` (it counts as traffic of `tier` on the pool).
+    pub fn arrival(at: Millis, tier: Tier) -> Self {
+        Outcome {
+            at,
+            tier,
+            latency_ms: None,
+            failed: false,
+            pending: false,
+        }
+    }
+
+    /// A request served in `latency_ms`, ending at `at`.
+    pub fn served(at: Millis, tier: Tier, latency_ms: f64) -> Self {
+        Outcome {
+            latency_ms: Some(latency_ms),
+            ..Self::arrival(at, tier)
+        }
+    }
+
+    /// A request still running at `at`, `age_ms` after it arrived.
+    pub fn pending(at: Millis, tier: Tier, age_ms: f64) -> Self {
+        Outcome {
+            pending: true,
+            ..Self::served(at, tier, age_ms)
+        }
+    }
 }
 
 /// Why the level last moved, for `/status` and the decision trail.
@@ -194,6 +236,9 @@ pub struct PoolControl {
     pub headroom: [Option<f64>; 3],
     /// The tier's observed latency quantile over the window, when it has enough completions.
     pub latency_ms: [Option<f64>; 3],
+    /// The same quantile over the requests admitted since the level last rose, counting the
+    /// ones still running at their age so far: the leading reading.
+    pub lead_ms: [Option<f64>; 3],
     /// vLLM's mean queue delay on this pool over the last sample, when exported.
     pub delay_ms: Option<f64>,
     pub rail: Option<RailKind>,
@@ -213,6 +258,7 @@ impl PoolControl {
             steps,
             headroom: [None; 3],
             latency_ms: [None; 3],
+            lead_ms: [None; 3],
             delay_ms: None,
             rail: None,
             moved: Movement::Hold,
@@ -267,6 +313,8 @@ pub struct PoolController {
     /// Per tier: (end, start, latency / target or None for a refusal).
     recent: [VecDeque<(Millis, Millis, Option<f64>)>; 3],
     work: WorkLimit,
+    /// Since when vLLM's waiting queue on this pool has been empty (none while it queues).
+    drained_since: Option<Millis>,
 }
 
 /// Headroom under which a pool takes no fallback traffic.
@@ -292,6 +340,7 @@ impl PoolController {
             last_change: 0,
             recent: Default::default(),
             work: WorkLimit::default(),
+            drained_since: None,
         }
     }
 
@@ -309,6 +358,8 @@ impl PoolController {
         outcomes: &[Outcome],
         now: Millis,
     ) -> PoolControl {
+        // Requests still running, by tier: (start, age so far / target), this sample only.
+        let mut pending: [Vec<(Millis, f64)>; 3] = Default::default();
         for o in outcomes {
             let target = rules.tier(o.tier).sla_target_ms.max(1) as f64;
             let ratio = match (o.latency_ms, o.failed) {
@@ -317,6 +368,12 @@ impl PoolController {
                 (None, false) => None,
             };
             let started = o.at.saturating_sub(o.latency_ms.unwrap_or(0.0) as Millis);
+            if o.pending {
+                if let Some(r) = ratio {
+                    pending[o.tier.index()].push((started, r));
+                }
+                continue;
+            }
             let q = &mut self.recent[o.tier.index()];
             q.push_back((o.at, started, ratio));
             if q.len() > RECENT_MAX {
@@ -335,6 +392,16 @@ impl PoolController {
             .queue_time_ms
             .or(signals.ttft_ms)
             .filter(|v| v.is_finite());
+        // Once vLLM queues nothing, the requests admitted since the rise speak for themselves:
+        // the window's older answers describe a contention that is gone; and the requests
+        // admitted since the queue emptied describe the level in force best of all.
+        let idle = delay_ms == Some(0.0) && signals.queue_depth.is_none_or(|w| w <= 0.0);
+        if !idle {
+            self.drained_since = None;
+        } else if self.drained_since.is_none() {
+            self.drained_since = Some(now);
+        }
+        let drained = self.drained_since.filter(|_| idle && tuning.relax_on_drain);
         // Two readings per tier. Rising looks only at requests that started after the last
         // rise (older ones describe a load already shed); relaxing looks at the whole window,
         // because just after a rise only the quick requests have finished, and their good news
@@ -343,7 +410,9 @@ impl PoolController {
         let mut headroom = [None; 3];
         let mut relax_headroom = [None; 3];
         let mut fresh_headroom = [None; 3];
+        let mut drained_headroom: [Option<f64>; 3] = [None; 3];
         let mut missing = [0.0; 3];
+        let mut lead_ratio: [Option<f64>; 3] = [None; 3];
         for tier in Tier::ALL {
             let target = rules.tier(tier).sla_target_ms.max(1) as f64;
             let q = &self.recent[tier.index()];
@@ -385,15 +454,29 @@ impl PoolController {
             let queuing = delay_ms.is_some_and(|d| d > 0.0);
             let fresh =
                 quantile(self.last_change).or_else(|| quantile_at(0, 0.5).filter(|_| queuing));
+            // The leading reading: the same quantile with the requests still running counted
+            // at their age so far (a lower bound on their latency). A request stuck in a queue
+            // shows here from the moment it is older than the margin, not when it ends.
+            let lead = censored_quantile(q, &pending[tier.index()], self.last_change, tuning);
+            let lead = lead.filter(|_| tuning.lead);
+            lead_ratio[tier.index()] = lead;
             latency_ms[tier.index()] = whole.map(|r| r * target);
-            headroom[tier.index()] = room(fresh);
+            headroom[tier.index()] = match (room(fresh), lead.map(|l| (1.0 - l).max(-10.0))) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             // Relaxing needs latencies: a queue delay alone never proves there is room.
             relax_headroom[tier.index()] = whole.and(room(whole));
             let since_rise = quantile(self.last_change);
             fresh_headroom[tier.index()] = since_rise.and(room(since_rise));
+            // Since vLLM's queue emptied: what the requests admitted into an empty queue
+            // report, finished or still running at their age so far.
+            drained_headroom[tier.index()] = drained
+                .and_then(|since| censored_quantile(q, &pending[tier.index()], since, tuning))
+                .map(|r| (1.0 - r).max(-10.0));
         }
         let recent = &self.recent;
-        let has_traffic = |t: Tier| !recent[t.index()].is_empty();
+        let has_traffic = |t: Tier| !recent[t.index()].is_empty() || !pending[t.index()].is_empty();
         let protects = |i: usize, t: Tier| {
             let s = steps[i];
             match s.kind {
@@ -411,9 +494,6 @@ impl PoolController {
         };
         // Step `i` may be relaxed when every protected tier present on the pool shows enough
         // headroom over the window (a tier without evidence yet holds the level).
-        // Once vLLM queues nothing, the requests admitted since the rise speak for themselves:
-        // the window's older answers describe a contention that is gone.
-        let idle = delay_ms == Some(0.0) && signals.queue_depth.is_none_or(|w| w <= 0.0);
         let relaxable = |i: usize| {
             let enough = |readings: &[Option<f64>; 3]| {
                 Tier::ALL
@@ -421,7 +501,9 @@ impl PoolController {
                     .filter(|t| protects(i, *t) && has_traffic(*t))
                     .all(|t| readings[t.index()].is_some_and(|h| h >= tuning.relax_above))
             };
-            enough(&relax_headroom) || (idle && enough(&fresh_headroom))
+            enough(&relax_headroom)
+                || (idle && enough(&fresh_headroom))
+                || (drained.is_some() && enough(&drained_headroom))
         };
         let n = steps.len() as f64;
         self.level = self.level.min(n);
@@ -447,7 +529,7 @@ impl PoolController {
                 .flatten()
                 .filter(|(_, h)| *h < tuning.escalate_below);
             if let Some((tier, h)) = short {
-                let up = (2.0 * (tuning.escalate_below - h))
+                let up = (tuning.rise_gain * (tuning.escalate_below - h))
                     .clamp(tuning.min_step_up, tuning.max_step_up);
                 self.level = (self.level.max(i as f64) + up).min(n);
                 self.last_rise = Some(now);
@@ -469,7 +551,12 @@ impl PoolController {
                     let h = Tier::ALL
                         .into_iter()
                         .filter(|t| top > 0 && protects(top - 1, *t))
-                        .filter_map(|t| relax_headroom[t.index()])
+                        .filter_map(|t| {
+                            match (relax_headroom[t.index()], drained_headroom[t.index()]) {
+                                (Some(a), Some(b)) => Some(a.max(b)),
+                                (a, b) => a.or(b),
+                            }
+                        })
                         .fold(2.0 * tuning.relax_above, f64::min);
                     let speed = (h / tuning.relax_above.max(0.05)).clamp(1.0, 4.0);
                     self.level = (self.level - tuning.step_down * speed).max(0.0);
@@ -497,6 +584,9 @@ impl PoolController {
             steps,
             headroom: shown,
             latency_ms,
+            lead_ms: Tier::ALL.map(|t| {
+                lead_ratio[t.index()].map(|r| r * rules.tier(t).sla_target_ms.max(1) as f64)
+            }),
             delay_ms,
             rail,
             moved,
@@ -505,6 +595,35 @@ impl PoolController {
             inflight_work: signals.inflight_work,
         }
     }
+}
+
+/// The `tuning.quantile` of a tier's latency ratios over the requests that started at or after
+/// `since`: the finished ones as they ended and the ones still running (`pending`) at their age
+/// so far. A running request's age is a lower bound on its latency, so this reading only ever
+/// underestimates the quantile those requests will end with, and it sees a queue build up while
+/// the requests stuck in it are still waiting. `None` below `min_samples`.
+fn censored_quantile(
+    finished: &VecDeque<(Millis, Millis, Option<f64>)>,
+    pending: &[(Millis, f64)],
+    since: Millis,
+    tuning: &AdaptiveTuning,
+) -> Option<f64> {
+    let mut v: Vec<f64> = finished
+        .iter()
+        .filter(|(_, started, _)| *started >= since)
+        .filter_map(|(_, _, r)| *r)
+        .chain(
+            pending
+                .iter()
+                .filter(|(started, _)| *started >= since)
+                .map(|(_, r)| *r),
+        )
+        .collect();
+    (v.len() >= tuning.min_samples.max(1)).then(|| {
+        v.sort_by(f64::total_cmp);
+        let idx = ((v.len() as f64 * tuning.quantile).ceil() as usize).clamp(1, v.len()) - 1;
+        v[idx]
+    })
 }
 
 /// The hard rail a pool's own signals trip, if any (KV usage first).
@@ -546,6 +665,7 @@ mod tests {
             tier,
             latency_ms: Some(latency_ms),
             failed: false,
+            pending: false,
         }
     }
 
@@ -559,6 +679,7 @@ mod tests {
         AdaptiveTuning {
             escalate_below: 0.2,
             relax_above: 0.35,
+            rise_gain: 2.0,
             max_step_up: 1.0,
             min_step_up: 0.25,
             step_down: 0.1,
@@ -714,6 +835,7 @@ mod tests {
             tier: Tier::Guaranteed,
             latency_ms: None,
             failed: false,
+            pending: false,
         }];
         let sig = PoolSignals {
             queue_time_ms: Some(1800.0),
@@ -722,6 +844,109 @@ mod tests {
         let ctl = c.observe(Pool::OnDemand, &rules, &t, &sig, &arrived, 1000);
         assert!((ctl.headroom[0].unwrap() - 0.1).abs() < 1e-9);
         assert!(ctl.level > 0.0);
+    }
+
+    /// The leading reading: Guaranteed requests stuck for 90 % of their target raise the level
+    /// while not one of them has answered yet; without it the controller would wait for them.
+    #[test]
+    fn the_level_rises_before_any_request_completes_when_in_flight_requests_age() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let none = PoolSignals::default();
+        let run = |t: &AdaptiveTuning| {
+            let mut c = PoolController::new();
+            let mut arrived: Vec<Outcome> = (0..10)
+                .map(|_| Outcome::arrival(1000, Tier::Guaranteed))
+                .collect();
+            arrived.extend((0..10).map(|_| Outcome::arrival(2700, Tier::Standard)));
+            c.observe(Pool::OnDemand, &rules, t, &none, &arrived, 1000);
+            // 1.8 s later: every one of them still running, the Guaranteed ones at 0.9 of
+            // their 2 s target, Standard's just sent.
+            let mut running: Vec<Outcome> = (0..10)
+                .map(|_| Outcome::pending(2800, Tier::Guaranteed, 1800.0))
+                .collect();
+            running.extend((0..10).map(|_| Outcome::pending(2800, Tier::Standard, 100.0)));
+            c.observe(Pool::OnDemand, &rules, t, &none, &running, 2800)
+        };
+        let ctl = run(&t);
+        assert!(
+            matches!(
+                ctl.moved,
+                Movement::Up {
+                    tier: Tier::Guaranteed,
+                    ..
+                }
+            ),
+            "{ctl:?}"
+        );
+        assert!(ctl.level > 0.0 && ctl.shares(Tier::Standard).cap > 0.0);
+        assert_eq!(ctl.lead_ms[0], Some(1800.0));
+        let lagging = run(&AdaptiveTuning {
+            lead: false,
+            ..t.clone()
+        });
+        assert_eq!((lagging.level, lagging.moved), (0.0, Movement::Hold));
+    }
+
+    /// Requests still running count for the sample that reports them only: once they have
+    /// ended (and said nothing more), they no longer hold the level up.
+    #[test]
+    fn running_requests_are_not_remembered() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let mut c = PoolController::new();
+        let none = PoolSignals::default();
+        let stuck: Vec<Outcome> = (0..10)
+            .map(|_| Outcome::pending(1000, Tier::Guaranteed, 1900.0))
+            .collect();
+        let first = c.observe(Pool::OnDemand, &rules, &t, &none, &stuck, 1000);
+        assert!(first.lead_ms[0].is_some());
+        let later = c.observe(Pool::OnDemand, &rules, &t, &none, &[], 1500);
+        assert_eq!(later.lead_ms[0], None);
+    }
+
+    /// After a rise, the requests admitted while vLLM still queued finish late for a while; once
+    /// its queue is empty, the requests admitted since speak for the level in force, so the
+    /// level comes down while the window still holds the late answers.
+    #[test]
+    fn the_level_relaxes_once_the_queue_drains_on_what_was_admitted_since() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let queuing = PoolSignals {
+            queue_time_ms: Some(0.0),
+            queue_depth: Some(2.0),
+            ..Default::default()
+        };
+        let idle = PoolSignals {
+            queue_time_ms: Some(0.0),
+            queue_depth: Some(0.0),
+            ..Default::default()
+        };
+        let run = |t: &AdaptiveTuning| {
+            let mut c = PoolController::new();
+            let mut o = batch(1000, Tier::Guaranteed, 3000.0, 10);
+            o.extend(batch(1000, Tier::Standard, 300.0, 10));
+            c.observe(Pool::OnDemand, &rules, t, &PoolSignals::default(), &o, 1000);
+            assert_eq!(c.level(), 1.0);
+            // Admitted just after the rise, behind the queue: 0.75 of the target, short of
+            // relax_above but not of escalate_below.
+            let late = batch(2500, Tier::Guaranteed, 1500.0, 10);
+            c.observe(Pool::OnDemand, &rules, t, &queuing, &late, 2500);
+            // The queue empties at 3 s; what was admitted since is quick.
+            c.observe(Pool::OnDemand, &rules, t, &idle, &[], 3000);
+            let mut quick = batch(3600, Tier::Guaranteed, 600.0, 10);
+            quick.extend(batch(3600, Tier::Standard, 200.0, 10));
+            let ctl = c.observe(Pool::OnDemand, &rules, t, &idle, &quick, 3600);
+            (ctl.moved, c.level())
+        };
+        let (moved, level) = run(&t);
+        assert_eq!(moved, Movement::Down);
+        assert!(level < 1.0, "{level}");
+        let without = run(&AdaptiveTuning {
+            relax_on_drain: false,
+            ..t.clone()
+        });
+        assert_eq!(without, (Movement::Hold, 1.0));
     }
 
     #[test]

@@ -157,6 +157,7 @@ mod tests {
                 tier,
                 latency_ms: Some(latency_ms),
                 failed: false,
+                pending: false,
             })
             .collect()
     }
@@ -201,14 +202,15 @@ mod tests {
         assert_eq!(d.action, Action::Reject);
     }
 
-    /// Guaranteed far over target on on-demand, two samples 3 s apart: the level climbs past
-    /// Standard's cap and into its fallback step. `spot_be_ms`: Best-Effort's latency on spot.
+    /// Guaranteed close to its target on on-demand (5 % of headroom left), two samples 3 s
+    /// apart: the level climbs past Standard's cap and into its fallback step (0.75 steps a
+    /// sample at the shipped `rise_gain`). `spot_be_ms`: Best-Effort's latency on spot.
     fn guaranteed_short(spot_be_ms: Option<f64>) -> PolicyState {
         let mut engine = PolicyEngine::new(PolicyRules::default());
         let sig = PoolSignals::default();
         let mut s = None;
         for t in 1..=2u64 {
-            let mut od = served(t * 3000, Tier::Guaranteed, 2300.0, 10);
+            let mut od = served(t * 3000, Tier::Guaranteed, 1900.0, 10);
             od.extend(served(t * 3000, Tier::Standard, 500.0, 10));
             let sp = spot_be_ms.map_or(Vec::new(), |ms| served(t * 3000, Tier::BestEffort, ms, 10));
             s = Some(engine.sample(&sig, &sig, [&od, &sp], t * 3000));

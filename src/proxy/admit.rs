@@ -123,16 +123,10 @@ async fn decide_and_admit(app: &App, session: &mut Session, ctx: &mut Ctx) -> St
     if ctx.label == "pass" && ctx.quota.as_ref().is_some_and(|q| q.demoted()) {
         ctx.reason = Some(Reason::DemoteQuotaExceeded);
     }
+    let decided_at = app.hub.clock().now_ms();
     if let Some(pool) = super::outcome::controller_pool(app, ctx) {
-        app.hub.record_outcome(
-            pool,
-            policy::adaptive::Outcome {
-                at: app.hub.clock().now_ms(),
-                tier,
-                latency_ms: None,
-                failed: false,
-            },
-        );
+        app.hub
+            .record_outcome(pool, policy::adaptive::Outcome::arrival(decided_at, tier));
     }
     if ctx
         .decision
@@ -166,7 +160,7 @@ async fn decide_and_admit(app: &App, session: &mut Session, ctx: &mut Ctx) -> St
     }
     if shapeable {
         if let Some(pool) = super::outcome::controller_pool(app, ctx) {
-            ctx.work = app.hub.charge_work(pool, work);
+            ctx.work = app.hub.charge_work(pool, work, tier, decided_at);
         }
     }
     Ok(Ok(()))

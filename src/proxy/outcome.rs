@@ -435,6 +435,7 @@ fn feed_controller(app: &App, ctx: &Ctx, latency: std::time::Duration, proxied: 
             tier: d.tier,
             latency_ms: (!failed).then_some(latency.as_secs_f64() * 1000.0),
             failed,
+            pending: false,
         },
     );
 }

@@ -469,6 +469,7 @@ pub(super) mod tests {
                     tier,
                     latency_ms: Some(ms),
                     failed: false,
+                    pending: false,
                 }));
             }
             let sig = PoolSignals::default();

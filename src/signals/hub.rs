@@ -4,7 +4,7 @@ use super::prometheus::PrometheusHealth;
 use super::vllm_text::Histogram;
 use crate::policy::adaptive::{ladder, Outcome, PoolControl};
 use crate::policy::tenant_policy::PolicyRules;
-use crate::policy::{Millis, PolicyEngine, PolicyState, Pool, PoolSignals, SignalKind};
+use crate::policy::{Millis, PolicyEngine, PolicyState, Pool, PoolSignals, SignalKind, Tier};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use serde::Serialize;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -174,22 +174,43 @@ pub struct SignalHub {
     outcomes_dropped: std::sync::atomic::AtomicU64,
     /// Estimated KV tokens of the requests this replica has in flight, by pool index.
     inflight_work: Arc<[std::sync::atomic::AtomicU64; 2]>,
+    /// The requests this replica has sent and not finished, keyed by (pool index, decided at,
+    /// sequence): each tick tells the controller how old they are.
+    outstanding: Arc<Mutex<Outstanding>>,
     /// The policy has had its first sample (readiness waits for it).
     sampled: std::sync::atomic::AtomicBool,
 }
 
+/// Requests in flight by (pool index, decided at, sequence), oldest first within a pool.
+#[derive(Debug, Default)]
+struct Outstanding {
+    requests: std::collections::BTreeMap<(usize, Millis, u64), Tier>,
+    next: u64,
+}
+
+/// Outstanding requests reported per pool and tick, oldest first (a bound on the tick's work).
+const OUTSTANDING_REPORTED: usize = 4096;
+
 /// A request's share of its pool's work in flight, given back when it is dropped (the request's
-/// context ends however the request does).
+/// context ends however the request does); it also keeps the request in the outstanding
+/// registry until then.
 #[derive(Debug)]
 pub struct WorkCharge {
     counters: Arc<[std::sync::atomic::AtomicU64; 2]>,
     pool: usize,
     tokens: u64,
+    outstanding: Arc<Mutex<Outstanding>>,
+    key: (usize, Millis, u64),
 }
 
 impl Drop for WorkCharge {
     fn drop(&mut self) {
         self.counters[self.pool].fetch_sub(self.tokens, std::sync::atomic::Ordering::Relaxed);
+        self.outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .requests
+            .remove(&self.key);
     }
 }
 
@@ -236,6 +257,7 @@ impl SignalHub {
             },
             outcomes_dropped: Default::default(),
             inflight_work: Default::default(),
+            outstanding: Default::default(),
             sampled: Default::default(),
         }
     }
@@ -292,14 +314,45 @@ impl SignalHub {
     }
 
     /// Counts `tokens` of work in flight on the pool with signal index `pool` until the returned
-    /// charge is dropped.
-    pub fn charge_work(&self, pool: usize, tokens: u64) -> Option<WorkCharge> {
+    /// charge is dropped, and reports the request (of `tier`, decided at `since` on the hub's
+    /// clock) as outstanding on that pool at every tick until then.
+    pub fn charge_work(
+        &self,
+        pool: usize,
+        tokens: u64,
+        tier: Tier,
+        since: Millis,
+    ) -> Option<WorkCharge> {
         let counter = self.inflight_work.get(pool)?;
         counter.fetch_add(tokens, std::sync::atomic::Ordering::Relaxed);
+        let key = {
+            let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+            o.next += 1;
+            let key = (pool, since, o.next);
+            o.requests.insert(key, tier);
+            key
+        };
         Some(WorkCharge {
             counters: Arc::clone(&self.inflight_work),
             pool,
             tokens,
+            outstanding: Arc::clone(&self.outstanding),
+            key,
+        })
+    }
+
+    /// The requests in flight at `now`, oldest first, by pool index: each with its age so far,
+    /// as the controller hears them at every tick.
+    pub fn outstanding_at(&self, now: Millis) -> [Vec<Outcome>; 2] {
+        let o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+        std::array::from_fn(|pool| {
+            o.requests
+                .range((pool, 0, 0)..(pool + 1, 0, 0))
+                .take(OUTSTANDING_REPORTED)
+                .map(|((_, since, _), tier)| {
+                    Outcome::pending(now, *tier, now.saturating_sub(*since) as f64)
+                })
+                .collect()
         })
     }
 
@@ -530,6 +583,9 @@ impl SignalHub {
                 }
             }
         }
+        for (v, pending) in outcomes.iter_mut().zip(self.outstanding_at(now)) {
+            v.extend(pending);
+        }
         let state = Arc::new(self.engine_lock().sample(
             &on_demand,
             &spot,
@@ -551,15 +607,43 @@ mod tests {
     #[test]
     fn work_in_flight_is_given_back_when_the_request_ends() {
         let hub = SignalHub::new(Clock::new(), 50, PolicyRules::default());
-        let a = hub.charge_work(1, 600);
-        let b = hub.charge_work(1, 400);
-        assert!(hub.charge_work(2, 1).is_none(), "no such pool");
+        let a = hub.charge_work(1, 600, Tier::Standard, 0);
+        let b = hub.charge_work(1, 400, Tier::Standard, 0);
+        assert!(
+            hub.charge_work(2, 1, Tier::Standard, 0).is_none(),
+            "no such pool"
+        );
         assert_eq!(hub.inflight_work(), [0.0, 1000.0]);
         assert_eq!(hub.signals(SignalPool::Spot, 0).inflight_work, Some(1000.0));
         drop(a);
         assert_eq!(hub.inflight_work(), [0.0, 400.0]);
         drop(b);
         assert_eq!(hub.inflight_work(), [0.0, 0.0]);
+    }
+
+    /// A request counts as outstanding, with its age, from its charge until its context ends,
+    /// however it ends: the controller hears a stuck request before it answers.
+    #[test]
+    fn outstanding_requests_are_reported_with_their_age_until_they_end() {
+        let hub = SignalHub::new(Clock::new(), 50, PolicyRules::default());
+        let old = hub.charge_work(0, 100, Tier::Guaranteed, 1_000);
+        let young = hub.charge_work(0, 100, Tier::Standard, 2_500);
+        let spot = hub.charge_work(1, 100, Tier::BestEffort, 2_000);
+        let [od, sp] = hub.outstanding_at(3_000);
+        assert_eq!(
+            od,
+            [
+                Outcome::pending(3_000, Tier::Guaranteed, 2_000.0),
+                Outcome::pending(3_000, Tier::Standard, 500.0)
+            ]
+        );
+        assert_eq!(sp, [Outcome::pending(3_000, Tier::BestEffort, 1_000.0)]);
+        drop(old);
+        drop(spot);
+        let [od, sp] = hub.outstanding_at(3_000);
+        assert_eq!((od.len(), sp.len()), (1, 0));
+        drop(young);
+        assert!(hub.outstanding_at(3_000).iter().all(Vec::is_empty));
     }
 
     #[test]
