@@ -478,33 +478,6 @@ mod tests {
         same(&Vec::<u8>::new());
     }
 
-    fn sample_inputs() -> crate::replay::PolicyInputs {
-        use crate::policy::tenant_policy::PolicyRules;
-        use crate::policy::{PolicyEngine, Pool, PoolSignals, RequestFacts, Tier};
-        let rules = PolicyRules::default();
-        let mut engine = PolicyEngine::new(rules.clone());
-        let sig = PoolSignals {
-            pressure: Some(71.3),
-            queue_depth: Some(3.0),
-            ..Default::default()
-        };
-        let state = engine.observe(&sig, &PoolSignals::default(), 1234);
-        let facts = RequestFacts {
-            tier: Tier::Standard,
-            shapeable: true,
-            fallback_available: true,
-            spot_healthy: false,
-            fallback_pool: Some(Pool::Spot),
-            ticket: u64::MAX - 3,
-            prompt_tokens: 12,
-            max_tokens: Some(400),
-            inflight_work: [1.5, f64::NAN],
-        };
-        let d = crate::policy::decide(&state, &rules, &facts);
-        let clock = crate::signals::hub::Clock::new();
-        crate::replay::PolicyInputs::capture(&state, &rules, &facts, &d, clock)
-    }
-
     #[test]
     fn writes_a_decision_record_as_serde_json_does() {
         let record = crate::decisions::DecisionRecord {
@@ -514,7 +487,7 @@ mod tests {
             latency_ms: 12.345,
             queue_wait_ms: Some(3.0),
             pool: Some("spot".into()),
-            inputs: Some(sample_inputs()),
+            inputs: Some(crate::replay::input::tests::sample().0),
             ..Default::default()
         };
         same(&record);

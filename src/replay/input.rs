@@ -556,12 +556,13 @@ pub fn lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PolicyInputs>, 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::policy::{Action, PolicyEngine};
 
-    #[test]
-    fn inputs_round_trip_through_json_exactly() {
+    /// Inputs with the awkward values: a level that is not a short decimal, a tiny float, a
+    /// NaN, a ticket near `u64::MAX` (shared with `json_line`'s tests).
+    pub(crate) fn sample() -> (PolicyInputs, Decision) {
         let rules = PolicyRules::default();
         let mut engine = PolicyEngine::new(rules.clone());
         let sig = PoolSignals {
@@ -585,6 +586,12 @@ mod tests {
         };
         let d = crate::policy::decide(&state, &rules, &facts);
         let inputs = PolicyInputs::capture(&state, &rules, &facts, &d, Clock::new());
+        (inputs, d)
+    }
+
+    #[test]
+    fn inputs_round_trip_through_json_exactly() {
+        let (inputs, d) = sample();
         let text = serde_json::to_string(&inputs).unwrap();
         let back: PolicyInputs = serde_json::from_str(&text).unwrap();
         assert_eq!(back, inputs, "{text}");
