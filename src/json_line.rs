@@ -120,6 +120,16 @@ impl Compound<'_, '_> {
     }
 }
 
+/// Integers as serde_json writes them (itoa), one method per width.
+macro_rules! integers {
+    ($($method:ident($t:ty) => $write:ident),*) => {$(
+        fn $method(self, v: $t) -> Result<(), Error> {
+            self.num(|o| CompactFormatter.$write(o, v));
+            Ok(())
+        }
+    )*};
+}
+
 impl<'a, 'b> ser::Serializer for &'b mut Json<'a> {
     type Ok = ();
     type Error = Error;
@@ -136,40 +146,18 @@ impl<'a, 'b> ser::Serializer for &'b mut Json<'a> {
             .extend_from_slice(if v { b"true" } else { b"false" });
         Ok(())
     }
-    fn serialize_i8(self, v: i8) -> Result<(), Error> {
-        self.serialize_i64(v.into())
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), Error> {
-        self.serialize_i64(v.into())
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), Error> {
-        self.serialize_i64(v.into())
-    }
-    fn serialize_i64(self, v: i64) -> Result<(), Error> {
-        self.num(|o| CompactFormatter.write_i64(o, v));
-        Ok(())
-    }
-    fn serialize_i128(self, v: i128) -> Result<(), Error> {
-        self.num(|o| CompactFormatter.write_i128(o, v));
-        Ok(())
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), Error> {
-        self.serialize_u64(v.into())
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), Error> {
-        self.serialize_u64(v.into())
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), Error> {
-        self.serialize_u64(v.into())
-    }
-    fn serialize_u64(self, v: u64) -> Result<(), Error> {
-        self.num(|o| CompactFormatter.write_u64(o, v));
-        Ok(())
-    }
-    fn serialize_u128(self, v: u128) -> Result<(), Error> {
-        self.num(|o| CompactFormatter.write_u128(o, v));
-        Ok(())
-    }
+    integers!(
+        serialize_i8(i8) => write_i8,
+        serialize_i16(i16) => write_i16,
+        serialize_i32(i32) => write_i32,
+        serialize_i64(i64) => write_i64,
+        serialize_i128(i128) => write_i128,
+        serialize_u8(u8) => write_u8,
+        serialize_u16(u16) => write_u16,
+        serialize_u32(u32) => write_u32,
+        serialize_u64(u64) => write_u64,
+        serialize_u128(u128) => write_u128
+    );
     fn serialize_f32(self, v: f32) -> Result<(), Error> {
         if v.is_finite() {
             self.num(|o| CompactFormatter.write_f32(o, v));
