@@ -74,6 +74,7 @@ pub fn build(
         .map(|l| CertStore::load(&l.cert, &l.key).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("loading a TLS certificate: {e}"))?;
+    let replica = replica_id();
     let app = Arc::new(App {
         tls_certs: tls_certs.clone(),
         tenants: ArcSwap::from_pointee(TenantDirectory::from_config(&cfg)),
@@ -85,7 +86,8 @@ pub fn build(
         decisions: DecisionRing::new(cfg.decisions.ring_size),
         sinks: ledger.sinks,
         query: ledger.query,
-        replica: replica_id(),
+        id_prefix: crate::proxy::admit::id_prefix(&replica),
+        replica,
         started: Instant::now(),
         active: Arc::default(),
         draining: tokio::sync::watch::channel(false).0,

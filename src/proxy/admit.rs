@@ -23,10 +23,16 @@ const X_TENANT_ID: http::HeaderName = http::HeaderName::from_static("x-tenant-id
 const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
 static REQUEST_SEQ: AtomicU64 = AtomicU64::new(0);
-/// Process start (unix ms): generated ids stay unique across restarts of a pod whose name and
-/// pid repeat (pid 1 in a container), so the ledger's idempotence key never merges two requests.
-/// `<replica>-<process start, unix ms, hex>-`.
-static ID_PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `<replica>-<process start, unix ms, hex>-`, the start of every id Sluice generates. The start
+/// time keeps ids unique across restarts of a pod whose name and pid repeat (pid 1 in a
+/// container), so the ledger's idempotence key never merges two requests.
+pub fn id_prefix(replica: &str) -> String {
+    let boot = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    format!("{replica}-{boot:x}-")
+}
 
 /// An answer Sluice gives instead of proxying.
 struct Refusal {
@@ -178,15 +184,7 @@ fn request_id(app: &App, session: &Session) -> String {
         {
             id.to_string()
         }
-        _ => {
-            let prefix = ID_PREFIX.get_or_init(|| {
-                let boot = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64);
-                format!("{}-{boot:x}-", app.replica)
-            });
-            generated_id(prefix, REQUEST_SEQ.fetch_add(1, Ordering::Relaxed))
-        }
+        _ => generated_id(&app.id_prefix, REQUEST_SEQ.fetch_add(1, Ordering::Relaxed)),
     }
 }
 

@@ -52,6 +52,8 @@ pub struct App {
     /// Answers `/decisions/recent` from durable storage when configured; else the ring.
     pub query: Option<Arc<dyn DecisionQuery>>,
     pub replica: String,
+    /// Generated request ids start with this ([`admit::id_prefix`]).
+    pub id_prefix: String,
     pub started: Instant,
     /// Requests between `new_ctx` and the end of `logging`, for the exact drain.
     pub active: Arc<ActiveRequests>,
