@@ -471,13 +471,11 @@ pub fn run(input: ModelInput<'_>) -> Run {
                             if let Some(tier) = job.slot {
                                 p.inflight[tier.index()] -= 1;
                             }
-                            p.outcomes[job.signal_pool].push(Outcome {
-                                at: end as u64,
-                                tier: r.tier,
-                                latency_ms: Some(r.latency_ms),
-                                failed: false,
-                                pending: false,
-                            });
+                            p.outcomes[job.signal_pool].push(Outcome::served(
+                                end as u64,
+                                r.tier,
+                                r.latency_ms,
+                            ));
                         }
                     }
                 }
@@ -562,13 +560,7 @@ fn arrive(
     .signal_index()
     .unwrap_or(ON_DEMAND);
     // The arrival, as Sluice reports it when the policy decides.
-    p.outcomes[signal_pool].push(Outcome {
-        at: now as u64,
-        tier: a.tier,
-        latency_ms: None,
-        failed: false,
-        pending: false,
-    });
+    p.outcomes[signal_pool].push(Outcome::arrival(now as u64, a.tier));
     if d.action == Action::Reject {
         rec.status = 429;
         return false;

@@ -363,7 +363,7 @@ pub struct CopyBatch {
     events: usize,
     /// (second, tier, completed, violated) of the rows with `sla_violated` set: what the batch
     /// adds to `sla_seconds`. A batch spans a few seconds and tiers: a short list, no map.
-    seconds: Vec<(i64, String, i64, i64)>,
+    seconds: Vec<(i64, crate::decisions::Text, i64, i64)>,
 }
 
 fn put_len(buf: &mut Vec<u8>, n: usize) {
@@ -448,7 +448,7 @@ impl CopyBatch {
                 {
                     Some(at) => at,
                     None => {
-                        self.seconds.push((second, row.tier.to_string(), 0, 0));
+                        self.seconds.push((second, row.tier.clone(), 0, 0));
                         self.seconds.len() - 1
                     }
                 };
@@ -490,7 +490,7 @@ impl CopyBatch {
         let mut out = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (second, tier, completed, violated) in &self.seconds {
             out.0.push(*second);
-            out.1.push(tier.as_str());
+            out.1.push(&**tier);
             out.2.push(*completed);
             out.3.push(*violated);
         }

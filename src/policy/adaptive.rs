@@ -197,6 +197,14 @@ impl Outcome {
         }
     }
 
+    /// A request that failed (5xx, timeout), ending at `at`: a missed target.
+    pub fn failed(at: Millis, tier: Tier) -> Self {
+        Outcome {
+            failed: true,
+            ..Self::arrival(at, tier)
+        }
+    }
+
     /// A request still running at `at`, `age_ms` after it arrived.
     pub fn pending(at: Millis, tier: Tier, age_ms: f64) -> Self {
         Outcome {
@@ -417,17 +425,7 @@ impl PoolController {
             let target = rules.tier(tier).sla_target_ms.max(1) as f64;
             let q = &self.recent[tier.index()];
             let quantile_at = |since: Millis, level: f64| {
-                let mut served: Vec<f64> = q
-                    .iter()
-                    .filter(|(_, started, _)| *started >= since)
-                    .filter_map(|(_, _, r)| *r)
-                    .collect();
-                (served.len() >= tuning.min_samples.max(1)).then(|| {
-                    served.sort_by(f64::total_cmp);
-                    let idx =
-                        ((served.len() as f64 * level).ceil() as usize).clamp(1, served.len()) - 1;
-                    served[idx]
-                })
+                quantile_of(started_since(q, since).collect(), level, tuning.min_samples)
             };
             let quantile = |since: Millis| quantile_at(since, tuning.quantile);
             // The queue delay only concerns a tier that sends traffic to this pool. Latencies
@@ -608,20 +606,30 @@ fn censored_quantile(
     since: Millis,
     tuning: &AdaptiveTuning,
 ) -> Option<f64> {
-    let mut v: Vec<f64> = finished
+    let running = pending
         .iter()
-        .filter(|(_, started, _)| *started >= since)
+        .filter(|(started, _)| *started >= since)
+        .map(|(_, r)| *r);
+    let v = started_since(finished, since).chain(running).collect();
+    quantile_of(v, tuning.quantile, tuning.min_samples)
+}
+
+/// The latency ratios of the finished requests that started at or after `since`.
+fn started_since(
+    finished: &VecDeque<(Millis, Millis, Option<f64>)>,
+    since: Millis,
+) -> impl Iterator<Item = f64> + '_ {
+    finished
+        .iter()
+        .filter(move |(_, started, _)| *started >= since)
         .filter_map(|(_, _, r)| *r)
-        .chain(
-            pending
-                .iter()
-                .filter(|(started, _)| *started >= since)
-                .map(|(_, r)| *r),
-        )
-        .collect();
-    (v.len() >= tuning.min_samples.max(1)).then(|| {
+}
+
+/// The `level` quantile of `v`; `None` below `min_samples` values.
+fn quantile_of(mut v: Vec<f64>, level: f64, min_samples: usize) -> Option<f64> {
+    (v.len() >= min_samples.max(1)).then(|| {
         v.sort_by(f64::total_cmp);
-        let idx = ((v.len() as f64 * tuning.quantile).ceil() as usize).clamp(1, v.len()) - 1;
+        let idx = ((v.len() as f64 * level).ceil() as usize).clamp(1, v.len()) - 1;
         v[idx]
     })
 }
@@ -660,13 +668,7 @@ mod tests {
     use super::*;
 
     fn served(at: Millis, tier: Tier, latency_ms: f64) -> Outcome {
-        Outcome {
-            at,
-            tier,
-            latency_ms: Some(latency_ms),
-            failed: false,
-            pending: false,
-        }
+        Outcome::served(at, tier, latency_ms)
     }
 
     fn batch(at: Millis, tier: Tier, latency_ms: f64, n: usize) -> Vec<Outcome> {
@@ -830,13 +832,7 @@ mod tests {
         let rules = PolicyRules::default();
         let t = tuning();
         let mut c = PoolController::new();
-        let arrived = [Outcome {
-            at: 1000,
-            tier: Tier::Guaranteed,
-            latency_ms: None,
-            failed: false,
-            pending: false,
-        }];
+        let arrived = [Outcome::arrival(1000, Tier::Guaranteed)];
         let sig = PoolSignals {
             queue_time_ms: Some(1800.0),
             ..Default::default()

@@ -152,13 +152,7 @@ mod tests {
 
     fn served(at: u64, tier: Tier, latency_ms: f64, n: usize) -> Vec<Outcome> {
         (0..n)
-            .map(|_| Outcome {
-                at,
-                tier,
-                latency_ms: Some(latency_ms),
-                failed: false,
-                pending: false,
-            })
+            .map(|_| Outcome::served(at, tier, latency_ms))
             .collect()
     }
 

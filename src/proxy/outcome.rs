@@ -428,16 +428,14 @@ fn feed_controller(app: &App, ctx: &Ctx, latency: std::time::Duration, proxied: 
     if !proxied || !(failed || ctx.error.is_none()) {
         return;
     }
-    app.hub.record_outcome(
-        index,
-        crate::policy::adaptive::Outcome {
-            at: app.hub.clock().now_ms(),
-            tier: d.tier,
-            latency_ms: (!failed).then_some(latency.as_secs_f64() * 1000.0),
-            failed,
-            pending: false,
-        },
-    );
+    use crate::policy::adaptive::Outcome;
+    let at = app.hub.clock().now_ms();
+    let outcome = if failed {
+        Outcome::failed(at, d.tier)
+    } else {
+        Outcome::served(at, d.tier, latency.as_secs_f64() * 1000.0)
+    };
+    app.hub.record_outcome(index, outcome);
 }
 
 #[cfg(test)]

@@ -464,13 +464,7 @@ pub(super) mod tests {
         for t in 1..=2u64 {
             let mut od: Vec<Heard> = Vec::new();
             for (tier, ms) in [(Tier::Guaranteed, 2300.0), (Tier::Standard, 500.0)] {
-                od.extend((0..10).map(|_| Heard {
-                    at: t * 3000,
-                    tier,
-                    latency_ms: Some(ms),
-                    failed: false,
-                    pending: false,
-                }));
+                od.extend((0..10).map(|_| Heard::served(t * 3000, tier, ms)));
             }
             let sig = PoolSignals::default();
             let s = engine.sample(&sig, &sig, [&od, &[]], t * 3000);
