@@ -97,7 +97,7 @@ Sluice demo ({mode} policy)
   chat batch-analytics; chat coding-assistant                 # still 200 admitted_slo_headroom
   curl -s -X PUT http://{on_demand}/admin/latency -d '{{"extra_ms":1800}}'   # on-demand turns slow
   for i in 1 2 3 4 5 6; do chat support-bot & done; wait      # Guaranteed runs out of headroom
-  sleep 1; chat coding-assistant                              # after the next sample: degrade_slo_headroom (or fallback_slo_headroom)
+  sleep 1; chat coding-assistant                              # after the next sample: degrade_slo_headroom (or degrade_brownout, fallback_slo_headroom)
   curl -s {url}/status | grep -o '"admission_control".*' | head -c 600
   curl -s -X PUT http://{on_demand}/admin/latency -d '{{"extra_ms":0}}'; curl -s -X DELETE {url}/admin/pressure
   (SLUICE_POLICY_MODE=thresholds runs the prototype's threshold walk-through instead.)

@@ -117,7 +117,9 @@ async fn guaranteed_short_of_headroom_shapes_standard_first_then_recovers() {
     assert!(
         matches!(
             (first.0, first.1.as_str(), first.2.as_str()),
-            (200, "degrade", "degrade_slo_headroom") | (200, "fallback", "fallback_slo_headroom")
+            (200, "degrade", "degrade_slo_headroom")
+                | (200, "degrade", "degrade_brownout")
+                | (200, "fallback", "fallback_slo_headroom")
         ),
         "{first:?}"
     );
@@ -127,6 +129,10 @@ async fn guaranteed_short_of_headroom_shapes_standard_first_then_recovers() {
     assert_eq!(
         (&od_ctl["steps"][0]["tier"], &od_ctl["steps"][0]["action"]),
         (&json!("Standard"), &json!("cap"))
+    );
+    assert_eq!(
+        (&od_ctl["steps"][1]["tier"], &od_ctl["steps"][1]["action"]),
+        (&json!("Standard"), &json!("brownout"))
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     load.await.unwrap();

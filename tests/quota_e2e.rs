@@ -110,15 +110,16 @@ async fn a_guaranteed_tenant_over_its_shared_budget_is_demoted_not_refused_and_r
     assert_eq!(header(&r, "x-sluice-demoted-from"), "Guaranteed");
     assert_eq!(num(&r, "x-ratelimit-remaining-requests"), 0);
     assert!(header(&r, "x-ratelimit-reset-requests").ends_with('s'));
+    let id = header(&r, "x-request-id").to_string();
     let usage: Value = r.json().await.unwrap();
     assert!(
         usage["usage"]["completion_tokens"].as_u64().is_some(),
         "served"
     );
 
-    let recent = rs[at].recent(&format!("tenant={GUARANTEED}&limit=1")).await;
-    assert_eq!(recent[0]["tier"], "Standard", "{recent:?}");
-    assert_eq!(recent[0]["reason"], "demote_quota_exceeded");
+    let d = rs[at].record(&id).await;
+    assert_eq!(d["tier"], "Standard", "{d}");
+    assert_eq!(d["reason"], "demote_quota_exceeded");
     let metrics = rs[at].metrics().await;
     assert!(
         metrics
@@ -228,15 +229,17 @@ async fn best_effort_over_budget_is_refused_with_retry_after_and_a_reload_raises
     assert_eq!(num(&r, "x-ratelimit-limit-tokens"), 100000);
     assert!(num(&r, "x-ratelimit-remaining-tokens") > 99_000);
     assert!(header(&r, "x-ratelimit-reset-requests").ends_with('s'));
+    let id = header(&r, "x-request-id").to_string();
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["code"], "rate_limit_exceeded", "{e}");
     assert_eq!(e["error"]["reason"], "reject_quota_exceeded");
     let msg = e["error"]["message"].as_str().unwrap();
     assert!(msg.contains("requests per minute (limit 2"), "{msg}");
-    let recent = s.recent(&format!("tenant={BEST_EFFORT}&limit=1")).await;
-    assert_eq!(recent[0]["decision"], "reject");
-    assert_eq!(recent[0]["reason"], "reject_quota_exceeded");
-    assert_eq!(recent[0]["status"], 429);
+    let d = s.record(&id).await;
+    assert_eq!(d["tenant"], BEST_EFFORT);
+    assert_eq!(d["decision"], "reject");
+    assert_eq!(d["reason"], "reject_quota_exceeded");
+    assert_eq!(d["status"], 429);
 
     // A read takes nothing and is never refused, but says where the budget stands.
     let r = client()

@@ -31,8 +31,8 @@ async fn best_effort_is_evicted_from_an_unhealthy_spot_pool() {
         .await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-sluice-pool"), "on-demand");
-    let recent = s.recent("limit=1").await;
-    assert_eq!(recent[0]["route_reason"], "route_spot_unhealthy_evicted");
+    let d = s.record(header(&r, "x-request-id")).await;
+    assert_eq!(d["route_reason"], "route_spot_unhealthy_evicted");
     assert_eq!(sim_stats(&sp).await["received"], 0);
 
     set_health(&sp, true).await;
@@ -137,6 +137,7 @@ async fn sse_streams_chunk_by_chunk_and_holds_the_slot_until_the_end() {
     let r = s.chat("coding-assistant", body).await;
     assert_eq!(r.status(), 200);
     assert!(header(&r, "content-type").starts_with("text/event-stream"));
+    let id = header(&r, "x-request-id").to_string();
     let mut stream = r.bytes_stream();
     let mut arrivals = Vec::new();
     let mut text = String::new();
@@ -176,8 +177,7 @@ async fn sse_streams_chunk_by_chunk_and_holds_the_slot_until_the_end() {
         },
     )
     .await;
-    let recent = s.recent("limit=1").await;
-    let d = &recent[0];
+    let d = s.record(&id).await;
     assert_eq!(
         d["completion_tokens"], 25,
         "usage read from the final SSE chunk"

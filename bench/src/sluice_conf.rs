@@ -267,10 +267,11 @@ pub fn knobs(cfg: &Config) -> Vec<String> {
             ),
         };
         out.push(format!(
-            "{}: capacity {}, cap {}, queue {}, fallback {}, pool {}, thresholds pressure {} queue {} sla-rate {}",
+            "{}: capacity {}, cap {}, brownout cap {}, queue {}, fallback {}, pool {}, thresholds pressure {} queue {} sla-rate {}",
             t.as_str(),
             if r.inflight_capacity == 0 { "unlimited".into() } else { r.inflight_capacity.to_string() },
             r.max_tokens_cap.map_or("none".into(), |c| c.to_string()),
+            r.brownout_max_tokens.map_or("none".into(), |c| c.to_string()),
             r.queue_eligible,
             r.fallback_eligible,
             r.preferred_pool.as_str(),

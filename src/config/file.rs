@@ -612,6 +612,9 @@ pub struct TierConfig {
     pub inflight_capacity: Option<u32>,
     /// `max_tokens` cap in the Elevated state; `0` disables the degrade step.
     pub max_tokens_cap: Option<u32>,
+    /// Adaptive mode's deeper cap, after the cap and before the fallback or shedding; `0`
+    /// disables the step.
+    pub brownout_max_tokens: Option<u32>,
     pub queue: Option<bool>,
     pub fallback: Option<bool>,
     /// `on-demand` or `spot`.
@@ -874,6 +877,11 @@ pub(super) fn policy_rules(cfg: &Config) -> PolicyRules {
                 Some(0) => None,
                 Some(n) => Some(n),
                 None => d.max_tokens_cap,
+            },
+            brownout_max_tokens: match c.brownout_max_tokens {
+                Some(0) => None,
+                Some(n) => Some(n),
+                None => d.brownout_max_tokens,
             },
             queue_eligible: c.queue.unwrap_or(d.queue_eligible),
             fallback_eligible: c.fallback.unwrap_or(d.fallback_eligible),

@@ -140,6 +140,20 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
                 );
             }
         }
+        let default = crate::policy::tenant_policy::PolicyRules::default();
+        let cap = match t.max_tokens_cap {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => default.tier(tier).max_tokens_cap,
+        };
+        if let (Some(b), Some(cap)) = (t.brownout_max_tokens.filter(|b| *b > 0), cap) {
+            if b >= cap {
+                return err(
+                    &format!("{base}.brownout_max_tokens"),
+                    format!("{b} is not below the tier's max_tokens_cap ({cap}): the brownout cap is the deeper one"),
+                );
+            }
+        }
         let th = &t.thresholds;
         for (name, limit, value) in [
             ("pressure", 100.0, th.pressure),

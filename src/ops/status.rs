@@ -56,6 +56,7 @@ pub fn status(app: &App) -> Value {
                 "waiting_tenants": app.admission.waiting_tenants(t, 20),
                 "sla_target_ms": r.sla_target_ms,
                 "max_tokens_cap": r.max_tokens_cap,
+                "brownout_max_tokens": r.brownout_max_tokens,
                 "pool": r.preferred_pool.as_str(),
                 "thresholds": thresholds(&r.thresholds),
             })

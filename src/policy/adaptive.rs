@@ -7,9 +7,12 @@
 //! The ladder ([`ladder`]) orders what may be done to a pool's traffic, cheapest first:
 //! 1. cap `max_tokens` of the non-Guaranteed tiers, lowest tier first: a capped request is still
 //!    served, and a shorter generation frees KV sooner for everyone;
-//! 2. move a fallback-eligible tier to the fallback model (other capacity), lowest first;
-//! 3. shed the non-Guaranteed tiers, lowest first;
-//! 4. cap Guaranteed last. Guaranteed is never shed by the controller, only by a hard rail.
+//! 2. cap them deeper where a tier has a brownout cap, lowest first: a short answer in time is
+//!    worth more than a 429, and it keeps the load on the tier's own pool (moving it would
+//!    slow the tiers of the pool it moves to);
+//! 3. move a fallback-eligible tier to the fallback model (other capacity), lowest first;
+//! 4. shed the non-Guaranteed tiers, lowest first;
+//! 5. cap Guaranteed last. Guaranteed is never shed by the controller, only by a hard rail.
 //!
 //! The level is a real number: level 2.4 means steps 0 and 1 apply to all of their tier's
 //! requests and step 2 to 40 % of them (picked by the request's ticket, so deterministically).
@@ -97,6 +100,8 @@ impl Default for AdaptiveTuning {
 pub enum StepKind {
     Cap,
     Fallback,
+    /// The tier's deeper cap (brownout), after every cap step.
+    Brownout,
     Shed,
 }
 
@@ -105,6 +110,7 @@ impl StepKind {
         match self {
             StepKind::Cap => "cap",
             StepKind::Fallback => "fallback",
+            StepKind::Brownout => "brownout",
             StepKind::Shed => "shed",
         }
     }
@@ -135,6 +141,11 @@ pub fn ladder(rules: &PolicyRules, pool: Pool) -> Vec<Step> {
         lower()
             .filter(|t| rules.tier(*t).max_tokens_cap.is_some())
             .map(|t| step(t, StepKind::Cap)),
+    );
+    steps.extend(
+        lower()
+            .filter(|t| rules.tier(*t).brownout_max_tokens.is_some())
+            .map(|t| step(t, StepKind::Brownout)),
     );
     steps.extend(
         lower()
@@ -292,6 +303,7 @@ impl PoolControl {
             match step.kind {
                 StepKind::Cap => s.cap = f,
                 StepKind::Fallback => s.fallback = f,
+                StepKind::Brownout => s.brownout = f,
                 StepKind::Shed => s.shed = f,
             }
         }
@@ -299,13 +311,16 @@ impl PoolControl {
     }
 }
 
-/// Shares of one tier's requests that are capped, moved to the fallback, shed. A request with
-/// ticket `u` (uniform in [0, 1)) is shed if `u < shed`, else moved if `u < fallback`, else
-/// capped if `u < cap`: the steps nest, so a shed request would also have been moved and capped.
+/// Shares of one tier's requests that are capped, capped deeper (brownout), moved to the
+/// fallback, shed. A request with ticket `u` (uniform in [0, 1)) is shed if `u < shed`, else
+/// moved if `u < fallback`, and capped at the brownout cap if `u < brownout`, else at the cap
+/// if `u < cap`: the steps nest, so a shed request would also have been capped and moved, and a
+/// moved one keeps its caps.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Shares {
     pub cap: f64,
     pub fallback: f64,
+    pub brownout: f64,
     pub shed: f64,
 }
 
@@ -699,6 +714,7 @@ mod tests {
             names,
             [
                 "Standard cap",
+                "Standard brownout",
                 "Standard fallback",
                 "Best-Effort shed",
                 "Standard shed",
@@ -745,7 +761,7 @@ mod tests {
         let mut ctl = None;
         // 20 % over target: each sample rises 2 × (0.2 + 0.2) = 0.8 steps. Samples are 3 s
         // apart so each batch started after the previous rise (older ones are no evidence).
-        for s in 1..=3 {
+        for s in 1..=4 {
             let at = s * 3000;
             let mut o = batch(at, Tier::Guaranteed, 2400.0, 10);
             o.extend(batch(at, Tier::Standard, 400.0, 10));
@@ -761,9 +777,10 @@ mod tests {
             }
         ));
         let st = ctl.shares(Tier::Standard);
-        assert_eq!((st.cap, st.fallback, st.shed), (1.0, 1.0, 0.0), "{ctl:?}");
+        let applied = (st.cap, st.brownout, st.fallback, st.shed);
+        assert_eq!(applied, (1.0, 1.0, 1.0, 0.0), "{ctl:?}");
         assert!(
-            (ctl.shares(Tier::BestEffort).shed - 0.4).abs() < 1e-9,
+            (ctl.shares(Tier::BestEffort).shed - 0.2).abs() < 1e-9,
             "{ctl:?}"
         );
         assert_eq!(ctl.shares(Tier::Guaranteed), Shares::default());
@@ -990,8 +1007,11 @@ mod tests {
             &g,
             1000,
         );
+        let first = ctl.steps.len() - 1;
+        assert_eq!(ctl.steps[first].tier, Tier::Guaranteed);
         assert_eq!(
-            ctl.level, 5.0,
+            ctl.level,
+            (first + 1) as f64,
             "only Guaranteed is here: its cap is the first step that applies"
         );
         assert_eq!(ctl.shares(Tier::Guaranteed).cap, 1.0);

@@ -13,7 +13,7 @@ use super::{Action, Decision, PolicyState, Pool, PressureState, Reason, RequestF
 fn shown_state(s: Shares) -> PressureState {
     if s.shed > 0.0 {
         PressureState::Critical
-    } else if s.cap > 0.0 || s.fallback > 0.0 {
+    } else if s.cap > 0.0 || s.fallback > 0.0 || s.brownout > 0.0 {
         PressureState::Elevated
     } else {
         PressureState::Normal
@@ -74,7 +74,8 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
         };
         return decision(Action::Reject, reason, pool, route_reason);
     }
-    let cap = tier.max_tokens_cap.filter(|_| u < shares.cap);
+    let brownout = tier.brownout_max_tokens.filter(|_| u < shares.brownout);
+    let cap = brownout.or(tier.max_tokens_cap.filter(|_| u < shares.cap));
     // The fallback is other capacity only while the pool it runs on is not short itself.
     let fallback_usable = req.fallback_available
         && req
@@ -117,7 +118,11 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
     match cap {
         Some(max_tokens) => decision(
             Action::Degrade { max_tokens },
-            Reason::DegradeHeadroom,
+            if brownout.is_some() {
+                Reason::DegradeBrownout
+            } else {
+                Reason::DegradeHeadroom
+            },
             pool,
             route_reason,
         ),
@@ -196,14 +201,14 @@ mod tests {
         assert_eq!(d.action, Action::Reject);
     }
 
-    /// Guaranteed close to its target on on-demand (5 % of headroom left), two samples 3 s
-    /// apart: the level climbs past Standard's cap and into its fallback step (0.75 steps a
-    /// sample at the shipped `rise_gain`). `spot_be_ms`: Best-Effort's latency on spot.
+    /// Guaranteed close to its target on on-demand (5 % of headroom left), three samples 3 s
+    /// apart: the level climbs past Standard's cap and brownout and into its fallback step
+    /// (0.75 steps a sample at the shipped `rise_gain`). `spot_be_ms`: Best-Effort's latency on spot.
     fn guaranteed_short(spot_be_ms: Option<f64>) -> PolicyState {
         let mut engine = PolicyEngine::new(PolicyRules::default());
         let sig = PoolSignals::default();
         let mut s = None;
-        for t in 1..=2u64 {
+        for t in 1..=3u64 {
             let mut od = served(t * 3000, Tier::Guaranteed, 1900.0, 10);
             od.extend(served(t * 3000, Tier::Standard, 500.0, 10));
             let sp = spot_be_ms.map_or(Vec::new(), |ms| served(t * 3000, Tier::BestEffort, ms, 10));
@@ -218,18 +223,19 @@ mod tests {
         // Spot is idle, so the fallback is usable.
         let s = guaranteed_short(None);
         let shares = s.pools[0].shares(Tier::Standard);
-        assert!(shares.cap == 1.0 && shares.fallback > 0.0 && shares.fallback < 1.0);
+        assert!(shares.cap == 1.0 && shares.brownout == 1.0);
+        assert!(shares.fallback > 0.0 && shares.fallback < 1.0, "{shares:?}");
         let mut moved = 0;
         for ticket in 0..1000 {
             let d = decide(&s, &rules, &facts(Tier::Standard, ticket));
             assert_eq!(d, decide(&s, &rules, &facts(Tier::Standard, ticket)));
             match d.action {
                 Action::Fallback { max_tokens } => {
-                    assert_eq!(max_tokens, Some(256));
+                    assert_eq!(max_tokens, Some(64), "a moved request keeps its caps");
                     assert_eq!(d.pool, Pool::Fallback);
                     moved += 1;
                 }
-                Action::Degrade { max_tokens } => assert_eq!(max_tokens, 256),
+                Action::Degrade { max_tokens } => assert_eq!(max_tokens, 64),
                 other => panic!("{other:?}"),
             }
         }
@@ -241,6 +247,67 @@ mod tests {
         // Guaranteed is untouched below its own step.
         let g = decide(&s, &rules, &facts(Tier::Guaranteed, 7));
         assert_eq!(g.action, Action::Pass);
+    }
+
+    /// Past its cap, Standard is capped deeper before any of it is moved or refused; the
+    /// fallback step then moves requests that keep the deeper cap, and only the shed step
+    /// refuses.
+    #[test]
+    fn standard_is_browned_out_before_it_is_moved_or_shed() {
+        use super::super::adaptive::{ladder, StepKind};
+        let rules = PolicyRules::default();
+        let steps = ladder(&rules, Pool::OnDemand);
+        let at = |k| steps.iter().position(|s| (s.tier, s.kind) == k).unwrap();
+        let b = at((Tier::Standard, StepKind::Brownout));
+        assert_eq!(b, at((Tier::Standard, StepKind::Cap)) + 1);
+        assert_eq!(b + 1, at((Tier::Standard, StepKind::Fallback)));
+        let shed_at = at((Tier::Standard, StepKind::Shed));
+        let mut s = PolicyState::initial();
+        s.pools[0] = PoolControl {
+            level: b as f64 + 0.5,
+            ..PoolControl::idle(steps)
+        };
+        let decided = |s: &PolicyState| -> Vec<(Action, Reason)> {
+            (0..1000)
+                .map(|ticket| {
+                    let d = decide(s, &rules, &facts(Tier::Standard, ticket));
+                    (d.action, d.reason)
+                })
+                .collect()
+        };
+        let n = |v: &[(Action, Reason)], k: &(Action, Reason)| v.iter().filter(|d| *d == k).count();
+        let browned = (Action::Degrade { max_tokens: 64 }, Reason::DegradeBrownout);
+        let capped = (Action::Degrade { max_tokens: 256 }, Reason::DegradeHeadroom);
+        let moved = (
+            Action::Fallback {
+                max_tokens: Some(64),
+            },
+            Reason::FallbackHeadroom,
+        );
+        let shed = (Action::Reject, Reason::ShedHeadroom);
+        let half = decided(&s);
+        assert_eq!(
+            n(&half, &browned) + n(&half, &capped),
+            1000,
+            "none moved or shed"
+        );
+        assert!(
+            n(&half, &browned).abs_diff(500) < 60,
+            "{}",
+            n(&half, &browned)
+        );
+        s.pools[0].level = b as f64 + 1.5;
+        let further = decided(&s);
+        assert_eq!(n(&further, &moved) + n(&further, &browned), 1000);
+        assert!(
+            n(&further, &moved).abs_diff(500) < 60,
+            "{}",
+            n(&further, &moved)
+        );
+        s.pools[0].level = shed_at as f64 + 0.5;
+        let last = decided(&s);
+        assert_eq!(n(&last, &shed) + n(&last, &moved), 1000);
+        assert!(n(&last, &shed).abs_diff(500) < 60, "{}", n(&last, &shed));
     }
 
     #[test]

@@ -14,6 +14,10 @@ pub struct TierRules {
     pub thresholds: Thresholds,
     /// The Elevated-state degrade step; `None` means the tier has none (Best-Effort).
     pub max_tokens_cap: Option<u32>,
+    /// Adaptive mode's deeper cap (brownout), the step after the tier's cap and before it is
+    /// moved or shed: under overload a short answer in time instead of a 429. `None`: no
+    /// such step.
+    pub brownout_max_tokens: Option<u32>,
     /// At capacity, wait in the tier's queue instead of being rejected.
     pub queue_eligible: bool,
     /// May be rewritten to the fallback model under sustained pressure.
@@ -83,6 +87,7 @@ impl Default for PolicyRules {
                 sla_violation_rate: Threshold::new(Some(0.10), None),
             },
             max_tokens_cap: Some(512),
+            brownout_max_tokens: None,
             queue_eligible: false,
             fallback_eligible: false,
             preferred_pool: Pool::OnDemand,
@@ -96,6 +101,7 @@ impl Default for PolicyRules {
                 sla_violation_rate: Threshold::new(Some(0.20), Some(0.50)),
             },
             max_tokens_cap: Some(256),
+            brownout_max_tokens: Some(64),
             queue_eligible: true,
             fallback_eligible: true,
             preferred_pool: Pool::OnDemand,
@@ -109,6 +115,7 @@ impl Default for PolicyRules {
                 sla_violation_rate: Threshold::new(None, Some(0.30)),
             },
             max_tokens_cap: None,
+            brownout_max_tokens: None,
             queue_eligible: false,
             fallback_eligible: false,
             preferred_pool: Pool::Spot,

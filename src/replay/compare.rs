@@ -459,8 +459,8 @@ pub(super) mod tests {
         let rules = PolicyRules::default();
         let mut engine = PolicyEngine::new(rules.clone());
         let mut items = Vec::new();
-        // Two samples 3 s apart: the level climbs to about 0.9, then 1.8 (Standard capped,
-        // then partly moved to the fallback by ticket).
+        // Two samples 3 s apart: the level climbs to about 1.35, then 2.7 (Standard capped,
+        // capped deeper, then partly moved to the fallback by ticket).
         for t in 1..=2u64 {
             let mut od: Vec<Heard> = Vec::new();
             for (tier, ms) in [(Tier::Guaranteed, 2300.0), (Tier::Standard, 500.0)] {
@@ -491,10 +491,11 @@ pub(super) mod tests {
         assert_eq!(changed, 0);
         assert_eq!(r.notes.level_under_other_knobs, 0);
 
-        // No cap for Standard: its cap step leaves the ladder, so the same level reaches one
-        // step further, and nothing is capped.
+        // No caps for Standard: its cap and brownout steps leave the ladder, so the same level
+        // reaches two steps further, and nothing is capped.
         let mut nocap = rules.clone();
         nocap.tiers[Tier::Standard.index()].max_tokens_cap = None;
+        nocap.tiers[Tier::Standard.index()].brownout_max_tokens = None;
         let r = replay(&items, &nocap);
         let s = summarise(&items, &r.outcomes);
         assert_eq!(s.tiers["Standard"].candidate.degrade, 0);

@@ -422,6 +422,7 @@ pub fn fingerprint(rules: &PolicyRules, tier: Tier) -> RulesFingerprint {
     for t in &rules.tiers {
         h.word(t.sla_target_ms)
             .word(t.max_tokens_cap.map_or(0, |c| u64::from(c) + 1))
+            .word(t.brownout_max_tokens.map_or(0, |c| u64::from(c) + 1))
             .word(u64::from(t.fallback_eligible))
             .word(pool_code(t.preferred_pool));
     }

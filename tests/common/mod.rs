@@ -285,6 +285,19 @@ impl Sluice {
         v["decisions"].as_array().cloned().unwrap_or_default()
     }
 
+    /// The record of the request whose response carried `request_id`. Records are made in
+    /// Pingora's logging phase, after the response is written, so a client can see the answer
+    /// before the record exists: wait for it.
+    pub async fn record(&self, request_id: &str) -> Value {
+        wait_for(Duration::from_secs(3), "the decision record", || async {
+            self.recent("limit=50")
+                .await
+                .into_iter()
+                .find(|d| d["request_id"] == request_id)
+        })
+        .await
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("sluice.log")).unwrap_or_default()
     }
