@@ -78,7 +78,7 @@ async fn best_effort_is_judged_on_spot_and_kv_pressure_is_only_a_rail() {
     );
     let m = s.metrics().await;
     assert!(
-        m.contains("sluice_admission_level{pool=\"on-demand\"} 4"),
+        m.contains("sluice_admission_level{pool=\"on-demand\"} 5"),
         "the rail holds on-demand at its last shed step (Standard shed): {m}"
     );
 }
@@ -181,6 +181,7 @@ async fn pools_on_one_backend_share_one_controller_that_sheds_best_effort_first(
         steps,
         [
             "Standard cap",
+            "Standard brownout",
             "Best-Effort shed",
             "Standard shed",
             "Guaranteed cap"

@@ -263,10 +263,7 @@ mod tests {
         assert_eq!(b + 1, at((Tier::Standard, StepKind::Fallback)));
         let shed_at = at((Tier::Standard, StepKind::Shed));
         let mut s = PolicyState::initial();
-        s.pools[0] = PoolControl {
-            level: b as f64 + 0.5,
-            ..PoolControl::idle(steps)
-        };
+        s.pools[0] = PoolControl::idle(steps);
         let decided = |s: &PolicyState| -> Vec<(Action, Reason)> {
             (0..1000)
                 .map(|ticket| {
@@ -285,29 +282,19 @@ mod tests {
             Reason::FallbackHeadroom,
         );
         let shed = (Action::Reject, Reason::ShedHeadroom);
-        let half = decided(&s);
-        assert_eq!(
-            n(&half, &browned) + n(&half, &capped),
-            1000,
-            "none moved or shed"
-        );
-        assert!(
-            n(&half, &browned).abs_diff(500) < 60,
-            "{}",
-            n(&half, &browned)
-        );
-        s.pools[0].level = b as f64 + 1.5;
-        let further = decided(&s);
-        assert_eq!(n(&further, &moved) + n(&further, &browned), 1000);
-        assert!(
-            n(&further, &moved).abs_diff(500) < 60,
-            "{}",
-            n(&further, &moved)
-        );
-        s.pools[0].level = shed_at as f64 + 0.5;
-        let last = decided(&s);
-        assert_eq!(n(&last, &shed) + n(&last, &moved), 1000);
-        assert!(n(&last, &shed).abs_diff(500) < 60, "{}", n(&last, &shed));
+        // Half-way into a step, its treatment takes about half of the requests and the step
+        // before it the rest.
+        let halfway = |level: usize, this: &(Action, Reason), before: &(Action, Reason)| {
+            let mut at = s.clone();
+            at.pools[0].level = level as f64 + 0.5;
+            let v = decided(&at);
+            let only = n(&v, this) + n(&v, before);
+            assert_eq!(only, 1000, "only {this:?} and {before:?} at {level}.5");
+            assert!(n(&v, this).abs_diff(500) < 60, "{} {this:?}", n(&v, this));
+        };
+        halfway(b, &browned, &capped);
+        halfway(b + 1, &moved, &browned);
+        halfway(shed_at, &shed, &moved);
     }
 
     #[test]
