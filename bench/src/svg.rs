@@ -17,7 +17,7 @@ const HEADER_H: f64 = 56.0;
 const LAT_MIN_MS: f64 = 50.0;
 const LAT_MAX_MS: f64 = 30_000.0;
 /// The shipped ladder's length: the top of the KV lane when it carries the admission level.
-const LEVEL_MAX: f64 = 5.0;
+const LEVEL_MAX: f64 = 6.0;
 
 fn tier_color(t: Tier) -> &'static str {
     match t {
@@ -105,7 +105,7 @@ pub fn scenario_plot(title: &str, runs: &[&Run]) -> String {
             r##"<line x1="0" y1="0" x2="18" y2="0" stroke="#999" stroke-width="1"/>"##,
         ),
         (
-            "admission level on-demand / spot (adaptive; 0 at the bottom, 5 steps at the top)",
+            "admission level on-demand / spot (adaptive; 0 at the bottom, 6 steps at the top)",
             r##"<line x1="0" y1="0" x2="18" y2="0" stroke="#2a9d3f" stroke-width="2.2"/>"##,
         ),
     ] {
