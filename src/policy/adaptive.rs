@@ -497,14 +497,6 @@ impl PoolController {
                 _ => rank(t) >= rank(s.tier),
             }
         };
-        // The protected headroom of step `i`: the worst known over the tiers the step protects.
-        let protected = |i: usize| -> Option<(Tier, f64)> {
-            Tier::ALL
-                .into_iter()
-                .filter(|t| protects(i, *t))
-                .filter_map(|t| headroom[t.index()].map(|h| (t, h)))
-                .min_by(|a, b| a.1.total_cmp(&b.1))
-        };
         // Step `i` may be relaxed when every protected tier present on the pool shows enough
         // headroom over the window (a tier without evidence yet holds the level).
         let relaxable = |i: usize| {
@@ -537,14 +529,26 @@ impl PoolController {
             while i < steps.len() && !has_traffic(steps[i].tier) {
                 i += 1;
             }
-            let short = (i < steps.len())
-                .then(|| protected(i))
-                .flatten()
-                .filter(|(_, h)| *h < tuning.escalate_below);
-            if let Some((tier, h)) = short {
-                let up = (tuning.rise_gain * (tuning.escalate_below - h))
-                    .clamp(tuning.min_step_up, tuning.max_step_up);
-                self.level = (self.level.max(i as f64) + up).min(n);
+            // Each protected tier short of headroom asks for a rise in proportion to its
+            // shortfall, up to the first step that does not protect it (an overshoot must not
+            // shed a tier for its own latency either); the largest rise wins.
+            let base = self.level.max(i as f64);
+            let rise = Tier::ALL
+                .into_iter()
+                .filter(|t| i < steps.len() && protects(i, *t))
+                .filter_map(|t| headroom[t.index()].map(|h| (t, h)))
+                .filter(|(_, h)| *h < tuning.escalate_below)
+                .map(|(t, h)| {
+                    let up = (tuning.rise_gain * (tuning.escalate_below - h))
+                        .clamp(tuning.min_step_up, tuning.max_step_up);
+                    let ceiling = (i..steps.len())
+                        .find(|j| !protects(*j, t))
+                        .map_or(n, |j| j as f64);
+                    (t, h, (base + up).min(ceiling))
+                })
+                .max_by(|a, b| a.2.total_cmp(&b.2));
+            if let Some((tier, h, risen)) = rise {
+                self.level = risen;
                 self.last_rise = Some(now);
                 self.last_change = now;
                 moved = Movement::Up { tier, headroom: h };
@@ -784,6 +788,59 @@ mod tests {
             "{ctl:?}"
         );
         assert_eq!(ctl.shares(Tier::Guaranteed), Shares::default());
+    }
+
+    /// Standard far over its own target while Best-Effort is partly shed: the rise it asks for
+    /// (capped at one step here) would run into Standard's own shed step; it stops before it.
+    #[test]
+    fn a_tier_short_of_headroom_never_pushes_the_level_into_its_own_shed_step() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let steps = ladder(&rules, Pool::OnDemand);
+        let std_shed = steps
+            .iter()
+            .position(|s| (s.tier, s.kind) == (Tier::Standard, StepKind::Shed))
+            .unwrap();
+        let mut c = PoolController::new();
+        c.level = std_shed as f64 - 0.5;
+        let mut o = batch(3000, Tier::Guaranteed, 500.0, 10);
+        o.extend(batch(3000, Tier::Standard, 1500.0, 10));
+        o.extend(batch(3000, Tier::BestEffort, 200.0, 10));
+        let ctl = c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &PoolSignals::default(),
+            &o,
+            3000,
+        );
+        assert!(
+            matches!(
+                ctl.moved,
+                Movement::Up {
+                    tier: Tier::Standard,
+                    ..
+                }
+            ),
+            "{ctl:?}"
+        );
+        assert_eq!(ctl.level, std_shed as f64, "{ctl:?}");
+        assert_eq!(ctl.shares(Tier::Standard).shed, 0.0);
+        assert_eq!(ctl.shares(Tier::BestEffort).shed, 1.0);
+        // Guaranteed short as well: its rise goes on into Standard's shed step.
+        let mut c = PoolController::new();
+        c.level = std_shed as f64 - 0.5;
+        let mut o = batch(3000, Tier::Guaranteed, 2500.0, 10);
+        o.extend(batch(3000, Tier::Standard, 1500.0, 10));
+        let ctl = c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &PoolSignals::default(),
+            &o,
+            3000,
+        );
+        assert!(ctl.shares(Tier::Standard).shed > 0.0, "{ctl:?}");
     }
 
     #[test]
