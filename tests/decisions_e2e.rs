@@ -3,6 +3,7 @@
 mod common;
 use common::*;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 #[tokio::test]
 async fn pass_reject_and_degrade_as_pressure_rises() {
@@ -113,6 +114,11 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
         .send()
         .await
         .unwrap();
+    // Metrics and records are written after each response has gone out: wait for all four.
+    wait_for(Duration::from_secs(3), "four decision records", || async {
+        (s.recent("limit=4").await.len() == 4).then_some(())
+    })
+    .await;
     let m = s.metrics().await;
     assert!(
         m.contains(r#"sluice_decisions_total{decision="pass",reason="below_tier_pressure_threshold",tier="Guaranteed"} 3"#),

@@ -76,12 +76,13 @@ async fn queue_released_then_dropped_when_full() {
         "capacity 1 held at the backend"
     );
 
-    let recent = s.recent("limit=10").await;
-    let reasons: Vec<&str> = recent.iter().filter_map(|d| d["reason"].as_str()).collect();
-    assert!(
-        reasons.contains(&"queue_released") && reasons.contains(&"queue_dropped"),
-        "{reasons:?}"
-    );
+    // Records are made after each response has gone out: wait for both.
+    wait_for(Duration::from_secs(3), "both queue records", || async {
+        let recent = s.recent("limit=10").await;
+        let has = |r: &str| recent.iter().any(|d| d["reason"] == r);
+        (has("queue_released") && has("queue_dropped")).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
