@@ -801,45 +801,36 @@ mod tests {
             .iter()
             .position(|s| (s.tier, s.kind) == (Tier::Standard, StepKind::Shed))
             .unwrap();
-        let mut c = PoolController::new();
-        c.level = std_shed as f64 - 0.5;
-        let mut o = batch(3000, Tier::Guaranteed, 500.0, 10);
-        o.extend(batch(3000, Tier::Standard, 1500.0, 10));
-        o.extend(batch(3000, Tier::BestEffort, 200.0, 10));
-        let ctl = c.observe(
-            Pool::OnDemand,
-            &rules,
-            &t,
-            &PoolSignals::default(),
-            &o,
-            3000,
+        // Half a step below Standard's shed step, with Guaranteed answering in `g_ms`.
+        let observe = |g_ms: f64| {
+            let mut c = PoolController::new();
+            c.level = std_shed as f64 - 0.5;
+            let mut o = batch(3000, Tier::Guaranteed, g_ms, 10);
+            o.extend(batch(3000, Tier::Standard, 1500.0, 10));
+            o.extend(batch(3000, Tier::BestEffort, 200.0, 10));
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &PoolSignals::default(),
+                &o,
+                3000,
+            )
+        };
+        let ctl = observe(500.0);
+        let by_standard = matches!(
+            ctl.moved,
+            Movement::Up {
+                tier: Tier::Standard,
+                ..
+            }
         );
-        assert!(
-            matches!(
-                ctl.moved,
-                Movement::Up {
-                    tier: Tier::Standard,
-                    ..
-                }
-            ),
-            "{ctl:?}"
-        );
+        assert!(by_standard, "{ctl:?}");
         assert_eq!(ctl.level, std_shed as f64, "{ctl:?}");
         assert_eq!(ctl.shares(Tier::Standard).shed, 0.0);
         assert_eq!(ctl.shares(Tier::BestEffort).shed, 1.0);
         // Guaranteed short as well: its rise goes on into Standard's shed step.
-        let mut c = PoolController::new();
-        c.level = std_shed as f64 - 0.5;
-        let mut o = batch(3000, Tier::Guaranteed, 2500.0, 10);
-        o.extend(batch(3000, Tier::Standard, 1500.0, 10));
-        let ctl = c.observe(
-            Pool::OnDemand,
-            &rules,
-            &t,
-            &PoolSignals::default(),
-            &o,
-            3000,
-        );
+        let ctl = observe(2500.0);
         assert!(ctl.shares(Tier::Standard).shed > 0.0, "{ctl:?}");
     }
 
