@@ -413,6 +413,9 @@ pub fn fingerprint(rules: &PolicyRules, tier: Tier) -> RulesFingerprint {
         .f(a.work_share_standard)
         .f(a.work_share_best_effort)
         .word(a.assumed_max_tokens)
+        .f(a.rise_gain)
+        .word(u64::from(a.lead))
+        .word(u64::from(a.relax_on_drain))
         .word(u64::from(rules.spot_is_on_demand));
     match rules.fallback_capacity {
         crate::policy::tenant_policy::FallbackCapacity::None => h.word(0),
@@ -635,12 +638,20 @@ pub(crate) mod tests {
         let fp = fingerprint(&r, Tier::BestEffort);
         assert_eq!((fp.tier, fp.controller), (base.tier, base.controller));
         assert_ne!(fp.fallback, base.fallback);
-        let mut r = rules.clone();
-        r.adaptive.escalate_below = 0.4;
-        assert_ne!(
-            fingerprint(&r, Tier::BestEffort).controller,
-            base.controller
-        );
+        // Every knob that moves the level, and each tier's caps (they shape the ladder).
+        let changed: [fn(&mut PolicyRules); 5] = [
+            |r| r.adaptive.escalate_below = 0.4,
+            |r| r.adaptive.rise_gain = 2.0,
+            |r| r.adaptive.lead = false,
+            |r| r.adaptive.relax_on_drain = false,
+            |r| r.tiers[Tier::Standard.index()].brownout_max_tokens = None,
+        ];
+        for (i, change) in changed.iter().enumerate() {
+            let mut r = rules.clone();
+            change(&mut r);
+            let fp = fingerprint(&r, Tier::BestEffort);
+            assert_ne!(fp.controller, base.controller, "change {i}");
+        }
     }
 
     #[test]
