@@ -228,6 +228,17 @@ fn check_names_file_key_and_reason() {
         "{err}"
     );
 
+    // A brownout cap that is not below the tier's cap (the default 256 here) is refused.
+    std::fs::write(&path, "tiers:\n  Standard:\n    brownout_max_tokens: 300\n").unwrap();
+    let out = sluice_check(&path);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("tiers.Standard.brownout_max_tokens")
+            && err.contains("max_tokens_cap (256)"),
+        "{err}"
+    );
+
     let out = std::process::Command::new(BIN)
         .args(["check", "--config", "conf/sluice.yaml"])
         .output()

@@ -855,6 +855,15 @@ fn secs_to_ms(s: f64) -> u64 {
     (s * 1000.0).round().max(0.0) as u64
 }
 
+/// A token cap as configured: `0` turns the step off, absent keeps the tier's default.
+fn zero_is_off(configured: Option<u32>, default: Option<u32>) -> Option<u32> {
+    match configured {
+        Some(0) => None,
+        Some(n) => Some(n),
+        None => default,
+    }
+}
+
 pub(super) fn policy_rules(cfg: &Config) -> PolicyRules {
     let defaults = PolicyRules::default();
     let tiers = Tier::ALL.map(|tier| {
@@ -873,16 +882,8 @@ pub(super) fn policy_rules(cfg: &Config) -> PolicyRules {
                     .map(Into::into)
                     .unwrap_or(d.thresholds.sla_violation_rate),
             },
-            max_tokens_cap: match c.max_tokens_cap {
-                Some(0) => None,
-                Some(n) => Some(n),
-                None => d.max_tokens_cap,
-            },
-            brownout_max_tokens: match c.brownout_max_tokens {
-                Some(0) => None,
-                Some(n) => Some(n),
-                None => d.brownout_max_tokens,
-            },
+            max_tokens_cap: zero_is_off(c.max_tokens_cap, d.max_tokens_cap),
+            brownout_max_tokens: zero_is_off(c.brownout_max_tokens, d.brownout_max_tokens),
             queue_eligible: c.queue.unwrap_or(d.queue_eligible),
             fallback_eligible: c.fallback.unwrap_or(d.fallback_eligible),
             preferred_pool: match c.pool.as_deref() {

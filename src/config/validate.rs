@@ -129,6 +129,8 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     telemetry(c)?;
     adaptive(c)?;
 
+    // The tiers' effective rules (defaults filled in), for the checks across keys.
+    let rules = super::file::policy_rules(c);
     for tier in Tier::ALL {
         let t = c.tiers.get(tier);
         let base = format!("tiers.{}", tier.as_str());
@@ -140,13 +142,8 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
                 );
             }
         }
-        let default = crate::policy::tenant_policy::PolicyRules::default();
-        let cap = match t.max_tokens_cap {
-            Some(0) => None,
-            Some(n) => Some(n),
-            None => default.tier(tier).max_tokens_cap,
-        };
-        if let (Some(b), Some(cap)) = (t.brownout_max_tokens.filter(|b| *b > 0), cap) {
+        let r = rules.tier(tier);
+        if let (Some(b), Some(cap)) = (r.brownout_max_tokens, r.max_tokens_cap) {
             if b >= cap {
                 return err(
                     &format!("{base}.brownout_max_tokens"),

@@ -24,11 +24,12 @@ pub struct QueueEvent {
 /// PostgreSQL text cannot hold NUL, and a client can put one in a JSON string (the model name):
 /// left in, that row would fail its batch on every retry.
 fn text(s: &str) -> String {
-    if s.contains('\0') {
-        s.replace('\0', "\u{FFFD}")
-    } else {
-        s.to_string()
-    }
+    nul_free(s).unwrap_or_else(|| s.to_string())
+}
+
+/// `s` with its NULs replaced, when it has any.
+fn nul_free(s: &str) -> Option<String> {
+    s.contains('\0').then(|| s.replace('\0', "\u{FFFD}"))
 }
 
 fn opt_text(s: Option<&str>) -> Option<String> {
@@ -37,11 +38,7 @@ fn opt_text(s: Option<&str>) -> Option<String> {
 
 /// [`text`] for a field that is usually one of the program's names (kept borrowed).
 fn name(s: &Text) -> Text {
-    if s.contains('\0') {
-        Text::Owned(s.replace('\0', "\u{FFFD}"))
-    } else {
-        s.clone()
-    }
+    nul_free(s).map_or_else(|| s.clone(), Text::Owned)
 }
 
 /// A copy fit for PostgreSQL and the JSON spool: NUL-free text, a finite latency.

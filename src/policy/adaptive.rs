@@ -474,10 +474,8 @@ impl PoolController {
             let lead = lead.filter(|_| tuning.lead);
             lead_ratio[tier.index()] = lead;
             latency_ms[tier.index()] = whole.map(|r| r * target);
-            headroom[tier.index()] = match (room(fresh), lead.map(|l| (1.0 - l).max(-10.0))) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            headroom[tier.index()] =
+                either(room(fresh), lead.map(|l| (1.0 - l).max(-10.0)), f64::min);
             // Relaxing needs latencies: a queue delay alone never proves there is room.
             relax_headroom[tier.index()] = whole.and(room(whole));
             let since_rise = quantile(self.last_change);
@@ -569,10 +567,11 @@ impl PoolController {
                         .into_iter()
                         .filter(|t| top > 0 && protects(top - 1, *t))
                         .filter_map(|t| {
-                            match (relax_headroom[t.index()], drained_headroom[t.index()]) {
-                                (Some(a), Some(b)) => Some(a.max(b)),
-                                (a, b) => a.or(b),
-                            }
+                            either(
+                                relax_headroom[t.index()],
+                                drained_headroom[t.index()],
+                                f64::max,
+                            )
                         })
                         .fold(2.0 * tuning.relax_above, f64::min);
                     let speed = (h / tuning.relax_above.max(0.05)).clamp(1.0, 4.0);
@@ -611,6 +610,14 @@ impl PoolController {
             work_limit,
             inflight_work: signals.inflight_work,
         }
+    }
+}
+
+/// Two readings joined by `join` when both are known, else whichever is.
+fn either(a: Option<f64>, b: Option<f64>, join: fn(f64, f64) -> f64) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(join(a, b)),
+        (a, b) => a.or(b),
     }
 }
 
