@@ -706,7 +706,9 @@ mod tests {
             "stale is skipped"
         );
 
-        let later = now + 2000;
+        // From the clock after the sample's receipt: `now` was read before it, and a millisecond
+        // tick in between made the age 6999.
+        let later = hub.clock().now_ms() + 2000;
         let why = hub
             .reading(pool, SignalKind::Pressure, later)
             .unavailable
