@@ -329,9 +329,12 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
             format!("must not exceed max_step_up ({})", a.max_step_up),
         );
     }
-    if let Some(p) = a.rail_pressure_at {
-        if !(p.is_finite() && (0.0..=100.0).contains(&p)) {
-            return err(&key("rail_pressure_at"), format!("{p} is outside 0..=100"));
+    for (name, at) in [
+        ("rail_pressure_at", a.rail_pressure_at),
+        ("shape_pressure_at", a.shape_pressure_at),
+    ] {
+        if let Some(p) = at.filter(|p| !(p.is_finite() && (0.0..=100.0).contains(p))) {
+            return err(&key(name), format!("{p} is outside 0..=100"));
         }
     }
     if let Some(q) = a.rail_queue_depth_at {

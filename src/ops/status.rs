@@ -138,6 +138,8 @@ fn admission_control(state: &PolicyState, rules: &PolicyRules) -> Value {
                     RailKind::Pressure => "KV-cache usage at rail_pressure_at",
                     RailKind::QueueDepth => "vLLM waiting queue at rail_queue_depth_at",
                 }}),
+                Movement::Shape => json!({"direction": "up",
+                    "why": "KV-cache usage at shape_pressure_at: every cap and brownout in force"}),
             };
             let v = json!({
                 "level": c.level,

@@ -55,6 +55,10 @@ pub struct AdaptiveTuning {
     /// at once, whatever the latencies say.
     pub rail_pressure_at: Option<f64>,
     pub rail_queue_depth_at: Option<f64>,
+    /// At or above this KV usage every shaping step (caps, brownout) is in force at once: a
+    /// nearly full cache makes the latencies the controller waits for late, and shaping costs
+    /// tokens, never a refusal.
+    pub shape_pressure_at: Option<f64>,
     /// Gate lower tiers on the work in flight per pool ([`super::work_gate`]).
     pub work_gate: bool,
     /// Shares of a pool's learned work limit Standard and Best-Effort may fill.
@@ -84,6 +88,7 @@ impl Default for AdaptiveTuning {
             hold_ms: 1500,
             rail_pressure_at: Some(100.0),
             rail_queue_depth_at: Some(128.0),
+            shape_pressure_at: Some(90.0),
             work_gate: false,
             work_share_standard: 0.9,
             work_share_best_effort: 0.7,
@@ -163,6 +168,15 @@ pub fn ladder(rules: &PolicyRules, pool: Pool) -> Vec<Step> {
     steps
 }
 
+/// Where the level rests once every shaping step (cap, brownout) is in force: the end of the
+/// ladder's leading run of shaping steps.
+pub fn shape_floor(steps: &[Step]) -> f64 {
+    steps
+        .iter()
+        .position(|s| !matches!(s.kind, StepKind::Cap | StepKind::Brownout))
+        .unwrap_or(steps.len()) as f64
+}
+
 /// Where the level rests when a rail trips: every shed step fully applied.
 pub fn rail_level(steps: &[Step]) -> f64 {
     steps
@@ -238,6 +252,8 @@ pub enum Movement {
     Down,
     /// A hard rail tripped.
     Rail(RailKind),
+    /// KV usage reached `shape_pressure_at`: every shaping step put in force.
+    Shape,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -522,6 +538,17 @@ impl PoolController {
             }
             moved = Movement::Rail(kind);
         } else {
+            let floor = shape_floor(&steps);
+            let full = signals
+                .pressure
+                .zip(tuning.shape_pressure_at)
+                .is_some_and(|(p, at)| p >= at);
+            if full && self.level < floor {
+                self.level = floor;
+                self.last_rise = Some(now);
+                self.last_change = now;
+                moved = Movement::Shape;
+            }
             // Escalate into the first step (at or above the level) whose tier has traffic here.
             let mut i = self.level.floor() as usize;
             while i < steps.len() && !has_traffic(steps[i].tier) {
@@ -575,7 +602,8 @@ impl PoolController {
                         })
                         .fold(2.0 * tuning.relax_above, f64::min);
                     let speed = (h / tuning.relax_above.max(0.05)).clamp(1.0, 4.0);
-                    self.level = (self.level - tuning.step_down * speed).max(0.0);
+                    let keep = if full { floor } else { 0.0 };
+                    self.level = (self.level - tuning.step_down * speed).max(keep);
                     moved = Movement::Down;
                 }
             }
@@ -1031,6 +1059,51 @@ mod tests {
         assert_eq!(ctl.shares(Tier::BestEffort).shed, 1.0);
         assert_eq!(ctl.shares(Tier::Standard).shed, 1.0);
         assert_eq!(ctl.shares(Tier::Guaranteed), Shares::default());
+    }
+
+    /// A nearly full cache puts every cap and brownout in force before any latency is late,
+    /// sheds nobody, holds them while it stays full, and lets them go with the latencies once
+    /// it is not.
+    #[test]
+    fn a_nearly_full_cache_shapes_at_once_and_sheds_nobody() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let mut c = PoolController::new();
+        let full = PoolSignals {
+            pressure: Some(92.0),
+            ..Default::default()
+        };
+        let quick = |at| {
+            let mut o = batch(at, Tier::Guaranteed, 200.0, 10);
+            o.extend(batch(at, Tier::Standard, 100.0, 10));
+            o
+        };
+        for at in [1000, 5000, 9000] {
+            let ctl = c.observe(Pool::OnDemand, &rules, &t, &full, &quick(at), at);
+            let std = ctl.shares(Tier::Standard);
+            assert_eq!(
+                (std.cap, std.brownout, std.fallback, std.shed),
+                (1.0, 1.0, 0.0, 0.0)
+            );
+            assert_eq!(ctl.shares(Tier::BestEffort).shed, 0.0);
+            if at == 1000 {
+                assert_eq!(ctl.moved, Movement::Shape);
+            }
+        }
+        let cool = PoolSignals {
+            pressure: Some(60.0),
+            ..Default::default()
+        };
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &cool, &quick(13_000), 13_000);
+        assert_eq!(ctl.moved, Movement::Down);
+        assert!(ctl.level < shape_floor(&ctl.steps), "{}", ctl.level);
+        let off = AdaptiveTuning {
+            shape_pressure_at: None,
+            ..t
+        };
+        let ctl =
+            PoolController::new().observe(Pool::OnDemand, &rules, &off, &full, &quick(1000), 1000);
+        assert_eq!(ctl.level, 0.0, "turned off, KV alone moves nothing");
     }
 
     #[test]
