@@ -1,6 +1,7 @@
 //! Adaptive mode (`policy.mode: adaptive`, the default) over real HTTP against the simulators:
-//! each tier is judged on the pool that serves it, KV pressure is only a hard rail, and a
-//! higher tier running out of latency headroom sheds the ladder lowest tier first.
+//! each tier is judged on the pool that serves it, KV pressure only shapes (nearly full) or is a
+//! hard rail (full), and a higher tier running out of latency headroom sheds the ladder lowest
+//! tier first.
 
 mod common;
 use common::*;
@@ -55,6 +56,35 @@ async fn best_effort_is_judged_on_spot_and_kv_pressure_is_only_a_rail() {
         );
     }
     assert_eq!(decision(&s, "batch-analytics", 20).await.3, "spot");
+
+    // On-demand nearly full: Standard gets its deepest cap at once, before any latency is
+    // late, and nobody is refused; Guaranteed and Best-Effort (on spot) are untouched.
+    s.set_signal("/admin/pressure", 92.0).await;
+    wait_for(Duration::from_secs(5), "the shaping floor", || async {
+        let st = s.status().await;
+        (st["admission_control"]["pools"]["on-demand"]["shaping"] == true).then_some(())
+    })
+    .await;
+    let r = s
+        .chat("coding-assistant", chat_body("llama-3-70b", Some(500)))
+        .await;
+    assert_eq!(
+        (r.status().as_u16(), header(&r, "x-sluice-reason")),
+        (200, "degrade_cache_nearly_full")
+    );
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["usage"]["completion_tokens"], 64,
+        "brownout cap: {body}"
+    );
+    for tenant in ["support-bot", "batch-analytics"] {
+        let (status, d, reason, _) = decision(&s, tenant, 20).await;
+        assert_eq!(
+            (status, d.as_str(), reason.as_str()),
+            (200, "pass", "admitted_slo_headroom"),
+            "{tenant}"
+        );
+    }
 
     // On-demand at its rail: Standard is shed at once, Guaranteed is not, and Best-Effort on
     // spot is not concerned.

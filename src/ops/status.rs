@@ -149,6 +149,7 @@ fn admission_control(state: &PolicyState, rules: &PolicyRules) -> Value {
                 "vllm_queue_delay_ms": c.delay_ms,
                 "moved": moved,
                 "saturated": c.saturated,
+                "shaping": c.shaping,
                 "work_limit_tokens": c.work_limit,
                 "inflight_work_tokens": c.inflight_work,
             });

@@ -277,6 +277,8 @@ pub struct PoolControl {
     /// vLLM's mean queue delay on this pool over the last sample, when exported.
     pub delay_ms: Option<f64>,
     pub rail: Option<RailKind>,
+    /// KV usage is at `shape_pressure_at`: the shaping steps are held in force.
+    pub shaping: bool,
     pub moved: Movement,
     /// Some served tier is short of headroom: this pool should not take fallback traffic.
     pub saturated: bool,
@@ -296,6 +298,7 @@ impl PoolControl {
             lead_ms: [None; 3],
             delay_ms: None,
             rail: None,
+            shaping: false,
             moved: Movement::Hold,
             saturated: false,
             work_limit: None,
@@ -528,6 +531,10 @@ impl PoolController {
         self.level = self.level.min(n);
 
         let rail = rail_of(tuning, signals);
+        let full = signals
+            .pressure
+            .zip(tuning.shape_pressure_at)
+            .is_some_and(|(p, at)| p >= at);
         let mut moved = Movement::Hold;
         if let Some(kind) = rail {
             let floor = rail_level(&steps);
@@ -539,10 +546,6 @@ impl PoolController {
             moved = Movement::Rail(kind);
         } else {
             let floor = shape_floor(&steps);
-            let full = signals
-                .pressure
-                .zip(tuning.shape_pressure_at)
-                .is_some_and(|(p, at)| p >= at);
             if full && self.level < floor {
                 self.level = floor;
                 self.last_rise = Some(now);
@@ -633,6 +636,7 @@ impl PoolController {
             }),
             delay_ms,
             rail,
+            shaping: full && rail.is_none(),
             moved,
             saturated,
             work_limit,

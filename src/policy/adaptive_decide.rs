@@ -118,7 +118,9 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
     match cap {
         Some(max_tokens) => decision(
             Action::Degrade { max_tokens },
-            if brownout.is_some() {
+            if ctl.shaping {
+                Reason::DegradeCacheFull
+            } else if brownout.is_some() {
                 Reason::DegradeBrownout
             } else {
                 Reason::DegradeHeadroom

@@ -39,6 +39,7 @@ reasons! {
     AdmittedWithinHeadroom => "admitted_slo_headroom": "Adaptive mode: the pool's admission level does not reach this request; admitted unchanged.",
     DegradeHeadroom => "degrade_slo_headroom": "Adaptive mode: this tier or a higher one is short of latency headroom on its pool: max_tokens capped.",
     DegradeBrownout => "degrade_brownout": "Adaptive mode: the level has reached this tier's deeper cap (brownout): max_tokens capped at brownout_max_tokens, a short answer in time rather than a move or a 429.",
+    DegradeCacheFull => "degrade_cache_nearly_full": "Adaptive mode: the pool's KV-cache usage is at shape_pressure_at: every cap and brownout applies (max_tokens capped), nobody is refused for it.",
     FallbackHeadroom => "fallback_slo_headroom": "Adaptive mode: this tier or a higher one is short of latency headroom on its pool: moved to the fallback model.",
     ShedHeadroom => "reject_slo_headroom": "Adaptive mode: a higher tier is short of latency headroom on this pool: shed, lowest tier first.",
     DegradeWorkLimit => "degrade_work_limit": "Adaptive mode: the pool's work in flight would pass this tier's share of its learned work limit: max_tokens capped to fit.",
