@@ -430,10 +430,15 @@ impl PoolController {
         }
 
         let steps = ladder(rules, pool);
+        // The wait a request arriving now meets. The histogram's interval mean is the past
+        // interval's leavers: once vLLM's queue is empty it still reports the waits of the
+        // backlog that just drained and would raise the level for a queue that is gone.
+        let queue_empty = signals.queue_depth.is_some_and(|w| w <= 0.0);
         let delay_ms = signals
             .queue_time_ms
             .or(signals.ttft_ms)
-            .filter(|v| v.is_finite());
+            .filter(|v| v.is_finite())
+            .map(|d| if queue_empty { 0.0 } else { d });
         // Once vLLM queues nothing, the requests admitted since the rise speak for themselves:
         // the window's older answers describe a contention that is gone; and the requests
         // admitted since the queue emptied describe the level in force best of all.
@@ -944,6 +949,28 @@ mod tests {
         let ctl = c.observe(Pool::OnDemand, &rules, &t, &sig, &arrived, 1000);
         assert!((ctl.headroom[0].unwrap() - 0.1).abs() < 1e-9);
         assert!(ctl.level > 0.0);
+    }
+
+    /// The interval's mean wait with nobody waiting now is the backlog that just drained: a
+    /// request arriving now meets no queue, so it raises nothing.
+    #[test]
+    fn a_drained_queue_delays_nobody() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let arrived = [Outcome::arrival(1000, Tier::Guaranteed)];
+        let at = |waiting| {
+            let sig = PoolSignals {
+                queue_time_ms: Some(1800.0),
+                queue_depth: Some(waiting),
+                ..Default::default()
+            };
+            PoolController::new().observe(Pool::OnDemand, &rules, &t, &sig, &arrived, 1000)
+        };
+        let drained = at(0.0);
+        assert_eq!((drained.delay_ms, drained.level), (Some(0.0), 0.0));
+        let queued = at(3.0);
+        assert_eq!(queued.delay_ms, Some(1800.0));
+        assert!(queued.level > 0.0);
     }
 
     /// The leading reading: Guaranteed requests stuck for 90 % of their target raise the level
