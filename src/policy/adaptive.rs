@@ -738,6 +738,14 @@ mod tests {
         (0..n).map(|_| served(at, tier, latency_ms)).collect()
     }
 
+    /// A pool's signals with only its KV usage known.
+    fn kv(pressure: f64) -> PoolSignals {
+        PoolSignals {
+            pressure: Some(pressure),
+            ..Default::default()
+        }
+    }
+
     /// Round numbers, so each test can state its arithmetic; the shipped defaults are checked
     /// end to end by the benchmarks.
     fn tuning() -> AdaptiveTuning {
@@ -1080,12 +1088,7 @@ mod tests {
     fn a_rail_sheds_every_lower_tier_at_once_and_never_guaranteed() {
         let rules = PolicyRules::default();
         let t = tuning();
-        let mut c = PoolController::new();
-        let sig = PoolSignals {
-            pressure: Some(100.0),
-            ..Default::default()
-        };
-        let ctl = c.observe(Pool::OnDemand, &rules, &t, &sig, &[], 1000);
+        let ctl = PoolController::new().observe(Pool::OnDemand, &rules, &t, &kv(100.0), &[], 1000);
         assert_eq!(ctl.rail, Some(RailKind::Pressure));
         assert_eq!(ctl.shares(Tier::BestEffort).shed, 1.0);
         assert_eq!(ctl.shares(Tier::Standard).shed, 1.0);
@@ -1100,10 +1103,7 @@ mod tests {
         let rules = PolicyRules::default();
         let t = tuning();
         let mut c = PoolController::new();
-        let full = PoolSignals {
-            pressure: Some(92.0),
-            ..Default::default()
-        };
+        let full = kv(92.0);
         let quick = |at| {
             let mut o = batch(at, Tier::Guaranteed, 200.0, 10);
             o.extend(batch(at, Tier::Standard, 100.0, 10));
@@ -1121,11 +1121,14 @@ mod tests {
                 assert_eq!(ctl.moved, Movement::Shape);
             }
         }
-        let cool = PoolSignals {
-            pressure: Some(60.0),
-            ..Default::default()
-        };
-        let ctl = c.observe(Pool::OnDemand, &rules, &t, &cool, &quick(13_000), 13_000);
+        let ctl = c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &kv(60.0),
+            &quick(13_000),
+            13_000,
+        );
         assert_eq!(ctl.moved, Movement::Down);
         assert!(ctl.level < shape_floor(&ctl.steps), "{}", ctl.level);
         let off = AdaptiveTuning {
