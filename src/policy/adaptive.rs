@@ -1,7 +1,8 @@
 //! SLO-feedback admission (`policy.mode: adaptive`): each pool keeps an *admission level* over a
 //! ladder of interventions, raised when the tiers it protects lose latency headroom against
 //! their SLA targets and lowered, slowly, when the headroom comes back. KV-cache thresholds only
-//! stay as hard rails. The idea is DAGOR's (admission level over business priority driven by
+//! stay as hard rails, and as the point (`shape_pressure_at`) where every shaping step applies
+//! at once: shaping costs tokens, never a refusal. The idea is DAGOR's (admission level over business priority driven by
 //! measured queuing delay) with the seed's tiers as the priorities.
 //!
 //! The ladder ([`ladder`]) orders what may be done to a pool's traffic, cheapest first:

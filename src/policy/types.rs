@@ -260,7 +260,8 @@ pub struct Decision {
 
 /// How tiers are governed: `thresholds` is the prototype's static per-tier thresholds on the
 /// on-demand pool's signals; `adaptive` is SLO feedback per pool ([`super::adaptive`]) with the
-/// thresholds kept only as hard rails.
+/// KV thresholds kept only as hard rails and as the point where shaping (never shedding)
+/// starts at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PolicyMode {
     Thresholds,
