@@ -2,8 +2,8 @@
 //! ladder of interventions, raised when the tiers it protects lose latency headroom against
 //! their SLA targets and lowered, slowly, when the headroom comes back. KV-cache thresholds only
 //! stay as hard rails, and as the point (`shape_pressure_at`) where every shaping step applies
-//! at once: shaping costs tokens, never a refusal. The idea is DAGOR's (admission level over business priority driven by
-//! measured queuing delay) with the seed's tiers as the priorities.
+//! at once: shaping costs tokens, never a refusal. The idea is DAGOR's (admission level over
+//! business priority driven by measured queuing delay) with the seed's tiers as the priorities.
 //!
 //! The ladder ([`ladder`]) orders what may be done to a pool's traffic, cheapest first:
 //! 1. cap `max_tokens` of the non-Guaranteed tiers, lowest tier first: a capped request is still
@@ -611,9 +611,14 @@ impl PoolController {
                         })
                         .fold(2.0 * tuning.relax_above, f64::min);
                     let speed = (h / tuning.relax_above.max(0.05)).clamp(1.0, 4.0);
+                    // A nearly full cache keeps the shaping steps: only what lies above them
+                    // may be relaxed (and "down" is reported only when something was).
                     let keep = if full { floor } else { 0.0 };
-                    self.level = (self.level - tuning.step_down * speed).max(keep);
-                    moved = Movement::Down;
+                    let lowered = (self.level - tuning.step_down * speed).max(keep);
+                    if lowered < self.level {
+                        self.level = lowered;
+                        moved = Movement::Down;
+                    }
                 }
             }
         }
