@@ -344,8 +344,8 @@ async fn jsonl_exports_and_the_request_log_replay_like_the_ledger_in_adaptive_mo
             "policy": {"mode": "adaptive",
                        "adaptive": {"window_ms": 2500, "min_samples": 3, "hold_ms": 500}},
             "tiers": {"Guaranteed": {"sla_target_ms": 1000}},
-            // With a ledger the log line leaves the inputs to it unless asked.
-            "decisions": {"log_inputs": true},
+            // With a ledger the log keeps only exceptions, without the inputs, unless asked.
+            "decisions": {"log_inputs": true, "log_requests": "all"},
         }),
     );
     let since = now_ms().to_string();

@@ -733,6 +733,8 @@ pub struct DecisionsConfig {
     /// Whether the request log line carries the policy inputs replay needs (~0.5 KB a line).
     /// Unset: only when there is no ledger, which records them otherwise.
     pub log_inputs: Option<bool>,
+    /// Which requests get a JSON log line (at `RUST_LOG` info).
+    pub log_requests: LogRequests,
 }
 
 impl Default for DecisionsConfig {
@@ -740,6 +742,35 @@ impl Default for DecisionsConfig {
         Self {
             ring_size: 1000,
             log_inputs: None,
+            log_requests: LogRequests::Auto,
+        }
+    }
+}
+
+/// Which requests are written to the log. A line costs as much as the rest of Sluice's
+/// decision (building ~1 KB of JSON, and the write and disk behind stderr); with a ledger every
+/// line is already a durable row, so by default the log then keeps only what an operator
+/// reading it looks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogRequests {
+    /// `all` without a ledger (the log is then the only durable record and replay's input),
+    /// `exceptions` with one.
+    Auto,
+    All,
+    /// Requests not plainly served: any decision but pass, a status of 400 or more, an error,
+    /// or a missed SLA target.
+    Exceptions,
+    Off,
+}
+
+impl LogRequests {
+    /// What `auto` means for this deployment.
+    pub fn resolve(self, ledger: bool) -> Self {
+        match self {
+            Self::Auto if ledger => Self::Exceptions,
+            Self::Auto => Self::All,
+            other => other,
         }
     }
 }

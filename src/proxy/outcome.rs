@@ -371,9 +371,11 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
     }
     // Straight to the log writer: the record is already one JSON line, and env_logger's
     // formatter would copy it twice and scan every byte for colour codes.
-    if log::log_enabled!(target: "sluice::request", log::Level::Info) {
+    let cfg = app.config.load();
+    if wants_log_line(&cfg, &record)
+        && log::log_enabled!(target: "sluice::request", log::Level::Info)
+    {
         // Written once, where the durable record is: with a ledger the inputs go there only.
-        let cfg = app.config.load();
         let log_inputs = cfg
             .decisions
             .log_inputs
@@ -399,6 +401,28 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         sink.record(Arc::clone(&record));
     }
     app.decisions.push(record);
+}
+
+/// Whether `decisions.log_requests` keeps this record's log line.
+fn wants_log_line(cfg: &crate::config::Config, record: &DecisionRecord) -> bool {
+    use crate::config::LogRequests;
+    match cfg
+        .decisions
+        .log_requests
+        .resolve(cfg.database_url.is_some())
+    {
+        LogRequests::All | LogRequests::Auto => true,
+        LogRequests::Off => false,
+        LogRequests::Exceptions => is_exception(record),
+    }
+}
+
+/// A request an operator reading the log looks for: not plainly served.
+fn is_exception(record: &DecisionRecord) -> bool {
+    &*record.decision != "pass"
+        || record.status >= 400
+        || record.error.is_some()
+        || record.sla_violated == Some(true)
 }
 
 /// The adaptive controller that judges this request: the decision's pool, a fallback's being
