@@ -697,9 +697,10 @@ fn started_since(
 /// The `level` quantile of `v`; `None` below `min_samples` values.
 fn quantile_of(mut v: Vec<f64>, level: f64, min_samples: usize) -> Option<f64> {
     (v.len() >= min_samples.max(1)).then(|| {
-        v.sort_by(f64::total_cmp);
         let idx = ((v.len() as f64 * level).ceil() as usize).clamp(1, v.len()) - 1;
-        v[idx]
+        // The same value a full sort puts there, in linear time: the window holds every
+        // request of the last few seconds, and this runs once a sample per tier and pool.
+        *v.select_nth_unstable_by(idx, f64::total_cmp).1
     })
 }
 
@@ -742,6 +743,30 @@ mod tests {
 
     fn batch(at: Millis, tier: Tier, latency_ms: f64, n: usize) -> Vec<Outcome> {
         (0..n).map(|_| served(at, tier, latency_ms)).collect()
+    }
+
+    #[test]
+    fn the_quantile_is_the_nearest_rank_of_the_sorted_window() {
+        // A fixed pseudo-random window with ties; the nearest-rank quantile of its sorted copy.
+        let mut x = 7u64;
+        let window: Vec<f64> = (0..997)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((x >> 40) % 300) as f64 / 100.0
+            })
+            .collect();
+        let mut sorted = window.clone();
+        sorted.sort_by(f64::total_cmp);
+        for level in [0.0, 0.5, 0.9, 0.99, 1.0] {
+            let rank = (997.0_f64 * level).ceil().clamp(1.0, 997.0) as usize;
+            assert_eq!(
+                quantile_of(window.clone(), level, 4),
+                Some(sorted[rank - 1]),
+                "{level}"
+            );
+        }
+        assert_eq!(quantile_of(vec![1.0, 2.0, 3.0], 0.9, 4), None, "too few");
+        assert_eq!(quantile_of(vec![3.0, 1.0, 2.0, 4.0], 0.5, 4), Some(2.0));
     }
 
     /// A pool's signals with only its KV usage known.
