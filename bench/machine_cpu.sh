@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# CPU per request of the whole machine and of each process, for one wrk run per config through
+# bare Pingora or Sluice in front of the static nginx backend (bench/lib/static_backend.sh).
+# Requests/s on a shared 2-core machine hide where the time goes: this shows the proxy's own
+# CPU, PostgreSQL's, and the kernel's writeback threads (a request log or a ledger on disk),
+# each in µs per request, from /proc (wrk has exited when the second snapshot is taken, so it
+# is counted only in the machine's total).
+#   bench/machine_cpu.sh SECS CONNECTIONS CONFIG...     CONFIG: bare | sluice | ledger | both
+# Env: EXTRA_YAML (one more line of Sluice config, e.g. "decisions: {log_requests: all}"),
+# RUSTLOG (RUST_LOG for Sluice; unset: the shipped level), BIN (default target/release/sluice).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/sluice}
+SECS=$1; C=$2; shift 2
+. bench/lib/static_backend.sh
+tk=$(getconf CLK_TCK)
+ledger=("database_url: postgres://postgres@127.0.0.1:5432/test"
+        "ledger: {schema: sluice_machine_cpu, spool_dir: $dir/spool}")
+redis=("redis_url: redis://127.0.0.1:6379" "coordination: {redis_prefix: sluice-machine-cpu}")
+extra=()
+[ -n "${EXTRA_YAML:-}" ] && extra+=("$EXTRA_YAML")
+# Ticks of user + system time per command name, summed over its processes.
+snap() {
+  for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null; echo; done |
+    awk 'NF>15 {c=$2; sub(/\(/,"",c); sub(/\).*/,"",c); t[c]+=$14+$15} END {for (k in t) print k, t[k]}' | sort
+}
+machine() { awk '/^cpu / {print $2+$3+$4+$6+$7+$8}' /proc/stat; }
+for cfg in "$@"; do
+  port=$(free_port)
+  case $cfg in
+    bare) cmd=("$(dirname "$BIN")/sluice-bench" bare-proxy --listen "127.0.0.1:$port"
+               --upstream "127.0.0.1:$backend" --threads=2); ready=/health ;;
+    sluice) sluice_conf "$port" "${extra[@]}" ;;
+    ledger) sluice_conf "$port" "${ledger[@]}" "${extra[@]}" ;;
+    both) sluice_conf "$port" "${ledger[@]}" "${redis[@]}" "${extra[@]}" ;;
+    *) echo "unknown config $cfg" >&2; exit 1 ;;
+  esac
+  [ "$cfg" = bare ] || { cmd=("$BIN" serve --config "$dir/sluice.yaml"); ready=/readyz; }
+  if [ -n "${RUSTLOG:-}" ]; then
+    env RUST_LOG="$RUSTLOG" "${cmd[@]}" >"$dir/$cfg.out" 2>"$dir/$cfg.log" &
+  else
+    env -u RUST_LOG "${cmd[@]}" >"$dir/$cfg.out" 2>"$dir/$cfg.log" &
+  fi
+  spid=$!
+  wait_ready "$port" "$ready"; sleep 1.5
+  snap >"$dir/s0"; p0=$(awk '{print $14+$15}' /proc/$spid/stat); m0=$(machine)
+  out=$(wrk -t2 -c"$C" -d"${SECS}s" -s bench/chat.lua "http://127.0.0.1:$port/v1/chat/completions")
+  snap >"$dir/s1"; p1=$(awk '{print $14+$15}' /proc/$spid/stat); m1=$(machine)
+  kill -INT $spid; wait $spid 2>/dev/null || true; spid=""
+  n=$(awk '/requests in/ {print $1}' <<<"$out"); rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  join -a1 -a2 -e 0 -o 0,1.2,2.2 "$dir/s0" "$dir/s1" |
+    awk -v n="$n" -v tk="$tk" '{d = $3 - $2; if (d / tk * 1e6 / n >= 0.5) printf "   %-34s %6.1f µs/req\n", $1, d / tk * 1e6 / n}'
+  awk -v n="$n" -v r="$rps" -v p=$((p1 - p0)) -v m=$((m1 - m0)) -v tk="$tk" -v c="$cfg" \
+    'BEGIN {printf "%-7s %8.0f req/s   proxy %6.1f µs/req   machine %6.1f µs/req\n", c, r, p / tk * 1e6 / n, m / tk * 1e6 / n}'
+done
