@@ -751,7 +751,9 @@ mod tests {
         let mut x = 7u64;
         let window: Vec<f64> = (0..997)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((x >> 40) % 300) as f64 / 100.0
             })
             .collect();
