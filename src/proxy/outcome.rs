@@ -356,7 +356,8 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         let outcome = if violated { "violated" } else { "met" };
         m.sla.with_label_values(&[tier_name, outcome]).inc();
     }
-    let metrics_cfg = &app.config.load().metrics;
+    let cfg = app.config.load();
+    let metrics_cfg = &cfg.metrics;
     if metrics_cfg.tenant_label {
         let tenant = m.tenant_label(&record.tenant, metrics_cfg.max_tenants);
         m.tenant_requests
@@ -371,7 +372,6 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
     }
     // Straight to the log writer: the record is already one JSON line, and env_logger's
     // formatter would copy it twice and scan every byte for colour codes.
-    let cfg = app.config.load();
     if wants_log_line(&cfg, &record)
         && log::log_enabled!(target: "sluice::request", log::Level::Info)
     {
