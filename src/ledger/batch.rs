@@ -79,9 +79,12 @@ impl<'a> FromSql<'a> for JsonText {
 
 /// The `unnest` path's parameter: the inputs as JSON text.
 fn json_text(v: Option<&PolicyInputs>) -> Option<JsonText> {
-    v.and_then(|i| crate::json_line::to_vec(i).ok())
-        .and_then(|b| String::from_utf8(b).ok())
-        .map(JsonText)
+    v.and_then(|i| {
+        let mut out = Vec::with_capacity(1024);
+        crate::json_line::write_inputs(&mut out, i);
+        String::from_utf8(out).ok()
+    })
+    .map(JsonText)
 }
 
 fn i64_of(v: u64) -> i64 {
@@ -393,7 +396,8 @@ fn put_json(buf: &mut Vec<u8>, v: Option<&PolicyInputs>) {
     };
     let at = buf.len();
     buf.extend_from_slice(&[0, 0, 0, 0]);
-    if crate::json_line::write(buf, v).is_err() || buf.len() - at - 4 > MAX_FIELD {
+    crate::json_line::write_inputs(buf, v);
+    if buf.len() - at - 4 > MAX_FIELD {
         buf.truncate(at);
         return put_null(buf);
     }

@@ -385,10 +385,9 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         } else {
             record.inputs.take()
         };
-        if let (Some(w), Ok(mut line)) = (
-            crate::log_writer::stderr(),
-            crate::json_line::to_vec(&record),
-        ) {
+        if let Some(w) = crate::log_writer::stderr() {
+            let mut line = Vec::with_capacity(2048);
+            crate::json_line::write_record(&mut line, &record);
             line.push(b'\n');
             w.write(line);
         }

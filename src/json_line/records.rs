@@ -1,0 +1,341 @@
+//! The decision record and its policy inputs, written field by field. They are the only values
+//! written once per request (the log line, the ledger's `inputs` column), and through serde
+//! each field was a call that wrote its comma, its quoted key and its colon a byte or two at a
+//! time: ~14k instructions a record. Here each key is one constant slice with its comma and
+//! colon. The bytes are serde_json's (same order, same skipped fields, its number formatter);
+//! the tests below compare the two on records that set and clear every optional field.
+
+use super::write_str;
+use crate::decisions::DecisionRecord;
+use crate::replay::input::{Code, Decided, Facts, PolicyInputs, PoolRead, TierRead};
+use serde_json::ser::{CompactFormatter, Formatter};
+
+/// `,"name":` as one constant.
+macro_rules! key {
+    ($name:literal) => {
+        concat!(",\"", $name, "\":").as_bytes()
+    };
+}
+
+/// A JSON object being written; keys come from [`key!`], with their leading comma dropped for
+/// the first one.
+struct Obj<'a> {
+    out: &'a mut Vec<u8>,
+    empty: bool,
+}
+
+impl<'a> Obj<'a> {
+    fn open(out: &'a mut Vec<u8>) -> Self {
+        out.push(b'{');
+        Obj { out, empty: true }
+    }
+
+    fn key(&mut self, k: &'static [u8]) -> &mut Vec<u8> {
+        let k = if self.empty {
+            self.empty = false;
+            &k[1..]
+        } else {
+            k
+        };
+        self.out.extend_from_slice(k);
+        self.out
+    }
+
+    fn str(&mut self, k: &'static [u8], v: &str) {
+        write_str(self.key(k), v);
+    }
+
+    fn opt_str(&mut self, k: &'static [u8], v: Option<&str>) {
+        match v {
+            Some(v) => self.str(k, v),
+            None => self.key(k).extend_from_slice(b"null"),
+        }
+    }
+
+    fn code<T: Code>(&mut self, k: &'static [u8], v: T) {
+        self.str(k, v.code());
+    }
+
+    fn bool(&mut self, k: &'static [u8], v: bool) {
+        let v: &[u8] = if v { b"true" } else { b"false" };
+        self.key(k).extend_from_slice(v);
+    }
+
+    fn opt_bool(&mut self, k: &'static [u8], v: Option<bool>) {
+        match v {
+            Some(v) => self.bool(k, v),
+            None => self.key(k).extend_from_slice(b"null"),
+        }
+    }
+
+    fn u64(&mut self, k: &'static [u8], v: u64) {
+        // Writing to a Vec cannot fail.
+        let _ = CompactFormatter.write_u64(self.key(k), v);
+    }
+
+    fn opt_u64(&mut self, k: &'static [u8], v: Option<u64>) {
+        match v {
+            Some(v) => self.u64(k, v),
+            None => self.key(k).extend_from_slice(b"null"),
+        }
+    }
+
+    fn opt_i64(&mut self, k: &'static [u8], v: Option<i64>) {
+        match v {
+            Some(v) => {
+                let _ = CompactFormatter.write_i64(self.key(k), v);
+            }
+            None => self.key(k).extend_from_slice(b"null"),
+        }
+    }
+
+    fn f64(&mut self, k: &'static [u8], v: f64) {
+        f64_value(self.key(k), v);
+    }
+
+    fn opt_f64(&mut self, k: &'static [u8], v: Option<f64>) {
+        match v {
+            Some(v) => self.f64(k, v),
+            None => self.key(k).extend_from_slice(b"null"),
+        }
+    }
+
+    /// A `skip_serializing_if = "Option::is_none"` field.
+    fn some_f64(&mut self, k: &'static [u8], v: Option<f64>) {
+        if let Some(v) = v {
+            self.f64(k, v);
+        }
+    }
+
+    fn close(self) {
+        self.out.push(b'}');
+    }
+}
+
+/// serde_json writes a NaN or an infinity as `null`.
+fn f64_value(out: &mut Vec<u8>, v: f64) {
+    if v.is_finite() {
+        let _ = CompactFormatter.write_f64(out, v);
+    } else {
+        out.extend_from_slice(b"null");
+    }
+}
+
+/// Appends `r` as the compact JSON `serde_json::to_vec(r)` writes.
+pub fn write_record(out: &mut Vec<u8>, r: &DecisionRecord) {
+    let mut o = Obj::open(out);
+    o.str(key!("request_id"), &r.request_id);
+    o.u64(key!("received_at_ms"), r.received_at_ms);
+    o.str(key!("replica"), &r.replica);
+    o.str(key!("tenant"), &r.tenant);
+    o.str(key!("tier"), &r.tier);
+    o.str(key!("method"), &r.method);
+    o.str(key!("path"), &r.path);
+    o.str(key!("decision"), &r.decision);
+    o.str(key!("reason"), &r.reason);
+    o.str(key!("state"), &r.state);
+    o.opt_str(key!("pool"), r.pool.as_deref());
+    o.opt_str(key!("route_reason"), r.route_reason.as_deref());
+    o.opt_str(key!("backend"), r.backend.as_deref());
+    o.opt_str(key!("requested_model"), r.requested_model.as_deref());
+    o.opt_str(key!("routed_model"), r.routed_model.as_deref());
+    o.opt_i64(key!("requested_max_tokens"), r.requested_max_tokens);
+    o.opt_i64(key!("applied_max_tokens"), r.applied_max_tokens);
+    o.bool(key!("stream"), r.stream);
+    o.opt_f64(key!("queue_wait_ms"), r.queue_wait_ms);
+    o.u64(key!("status"), u64::from(r.status));
+    o.f64(key!("latency_ms"), r.latency_ms);
+    o.opt_f64(key!("ttfb_ms"), r.ttfb_ms);
+    o.opt_f64(key!("overhead_us"), r.overhead_us);
+    o.opt_u64(key!("prompt_tokens"), r.prompt_tokens);
+    o.opt_u64(key!("completion_tokens"), r.completion_tokens);
+    o.opt_u64(key!("sla_target_ms"), r.sla_target_ms);
+    o.opt_bool(key!("sla_violated"), r.sla_violated);
+    let mut s = Obj::open(o.key(key!("signals")));
+    s.opt_f64(key!("pressure"), r.signals.pressure);
+    s.opt_f64(key!("queue_depth"), r.signals.queue_depth);
+    s.opt_f64(key!("sla_violation_rate"), r.signals.sla_violation_rate);
+    s.close();
+    o.opt_str(key!("queue_outcome"), r.queue_outcome.as_deref());
+    o.opt_str(key!("error"), r.error.as_deref());
+    match &r.inputs {
+        Some(i) => write_inputs(o.key(key!("inputs")), i),
+        None => o.key(key!("inputs")).extend_from_slice(b"null"),
+    }
+    o.close();
+}
+
+/// Appends `i` as the compact JSON `serde_json::to_vec(i)` writes.
+pub fn write_inputs(out: &mut Vec<u8>, i: &PolicyInputs) {
+    let mut o = Obj::open(out);
+    o.u64(key!("v"), u64::from(i.v));
+    o.code(key!("mode"), i.mode);
+    o.u64(key!("sample_ms"), i.sample_ms);
+    o.u64(key!("epoch_ms"), i.epoch_ms);
+    facts(o.key(key!("facts")), &i.facts);
+    tier_read(o.key(key!("tier_state")), &i.tier_state);
+    o.bool(key!("fallback_active"), i.fallback_active);
+    let pools = o.key(key!("pools"));
+    pools.push(b'[');
+    pool_read(pools, &i.pools[0]);
+    pools.push(b',');
+    pool_read(pools, &i.pools[1]);
+    pools.push(b']');
+    let mut r = Obj::open(o.key(key!("rules")));
+    r.u64(key!("tier"), u64::from(i.rules.tier));
+    r.u64(key!("fallback"), u64::from(i.rules.fallback));
+    r.u64(key!("controller"), u64::from(i.rules.controller));
+    r.close();
+    decided(o.key(key!("decided")), &i.decided);
+    o.close();
+}
+
+fn facts(out: &mut Vec<u8>, f: &Facts) {
+    let mut o = Obj::open(out);
+    o.code(key!("tier"), f.tier);
+    o.bool(key!("shapeable"), f.shapeable);
+    o.bool(key!("fallback_available"), f.fallback_available);
+    o.bool(key!("spot_healthy"), f.spot_healthy);
+    if let Some(p) = f.fallback_pool {
+        o.code(key!("fallback_pool"), p);
+    }
+    o.u64(key!("ticket"), f.ticket);
+    o.u64(key!("prompt_tokens"), f.prompt_tokens);
+    if let Some(m) = f.max_tokens {
+        o.u64(key!("max_tokens"), m);
+    }
+    let work = o.key(key!("inflight_work"));
+    work.push(b'[');
+    f64_value(work, f.inflight_work[0]);
+    work.push(b',');
+    f64_value(work, f.inflight_work[1]);
+    work.push(b']');
+    o.close();
+}
+
+fn tier_read(out: &mut Vec<u8>, t: &TierRead) {
+    let mut o = Obj::open(out);
+    o.code(key!("state"), t.state);
+    o.code(key!("driver"), t.driver);
+    o.bool(key!("fail_open"), t.fail_open);
+    o.bool(key!("pressure_unavailable"), t.pressure_unavailable);
+    o.close();
+}
+
+fn pool_read(out: &mut Vec<u8>, p: &PoolRead) {
+    let mut o = Obj::open(out);
+    o.some_f64(key!("pressure"), p.pressure);
+    o.some_f64(key!("queue_depth"), p.queue_depth);
+    o.some_f64(key!("sla_violation_rate"), p.sla_violation_rate);
+    o.f64(key!("level"), p.level);
+    o.bool(key!("saturated"), p.saturated);
+    o.some_f64(key!("work_limit"), p.work_limit);
+    o.close();
+}
+
+fn decided(out: &mut Vec<u8>, d: &Decided) {
+    let mut o = Obj::open(out);
+    o.code(key!("action"), d.action);
+    if let Some(cap) = d.cap {
+        o.u64(key!("cap"), u64::from(cap));
+    }
+    o.code(key!("reason"), d.reason);
+    o.code(key!("pool"), d.pool);
+    o.close();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decisions::SignalsUsed;
+    use crate::policy::Pool;
+
+    fn ours(r: &DecisionRecord) -> String {
+        let mut out = Vec::new();
+        write_record(&mut out, r);
+        String::from_utf8(out).unwrap()
+    }
+
+    fn full() -> DecisionRecord {
+        DecisionRecord {
+            request_id: "r-1".into(),
+            received_at_ms: 1_796_176_578_487,
+            replica: "sluice-a".into(),
+            tenant: "ten\"ant\u{1}\\".into(),
+            tier: "Standard".into(),
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            decision: "degrade".into(),
+            reason: "degraded_slo_pressure".into(),
+            state: "Elevated".into(),
+            pool: Some("spot".into()),
+            route_reason: Some("route_tier_pool".into()),
+            backend: Some("10.0.0.1:8000".into()),
+            requested_model: Some("llama-3-70b".into()),
+            routed_model: Some("llama-3-8b".into()),
+            requested_max_tokens: Some(i64::MIN),
+            applied_max_tokens: Some(256),
+            stream: true,
+            queue_wait_ms: Some(3.0),
+            status: 200,
+            latency_ms: 0.1 + 0.2,
+            ttfb_ms: Some(f64::NAN),
+            overhead_us: Some(f64::INFINITY),
+            prompt_tokens: Some(u64::MAX),
+            completion_tokens: Some(0),
+            sla_target_ms: Some(2000),
+            sla_violated: Some(true),
+            signals: SignalsUsed {
+                pressure: Some(1e300),
+                queue_depth: Some(-0.0),
+                sla_violation_rate: Some(1.5e-7),
+            },
+            queue_outcome: Some("queue_released".into()),
+            error: Some("upstream_error\n".into()),
+            inputs: Some(crate::replay::input::tests::sample().0),
+        }
+    }
+
+    #[test]
+    fn a_record_with_every_field_set_is_what_serde_json_writes() {
+        let r = full();
+        assert_eq!(ours(&r), serde_json::to_string(&r).unwrap());
+        let mut inputs = Vec::new();
+        write_inputs(&mut inputs, r.inputs.as_ref().unwrap());
+        assert_eq!(
+            inputs,
+            serde_json::to_vec(r.inputs.as_ref().unwrap()).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_record_with_every_optional_field_cleared_is_what_serde_json_writes() {
+        let r = DecisionRecord::default();
+        assert_eq!(ours(&r), serde_json::to_string(&r).unwrap());
+    }
+
+    #[test]
+    fn inputs_with_their_skipped_fields_set_and_cleared_are_what_serde_json_writes() {
+        let mut i = crate::replay::input::tests::sample().0;
+        for set in [true, false] {
+            i.facts.fallback_pool = set.then_some(Pool::Fallback);
+            i.facts.max_tokens = set.then_some(4096);
+            i.facts.inflight_work = if set { [1.25, f64::NAN] } else { [0.0, 0.0] };
+            i.decided.cap = set.then_some(512);
+            for p in &mut i.pools {
+                p.pressure = set.then_some(97.5);
+                p.queue_depth = set.then_some(12.0);
+                p.sla_violation_rate = set.then_some(0.02);
+                p.work_limit = set.then_some(3.5e4);
+                p.saturated = set;
+            }
+            let mut out = Vec::new();
+            write_inputs(&mut out, &i);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(&i).unwrap(),
+                "fields set: {set}"
+            );
+        }
+    }
+}
