@@ -127,6 +127,10 @@ enum Command {
         /// Connection counts.
         #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
         connections: Vec<u32>,
+        /// Measure every target this many times, round by round, and report medians: one run
+        /// of each on a shared 2-core machine moves by 10-30 %.
+        #[arg(long, default_value_t = 1)]
+        rounds: u32,
         /// After the table's runs, record each proxy (bare Pingora, Sluice, Sluice with the
         /// ledger, Sluice with the ledger and Redis) with `perf record` during one more wrk run
         /// at 16 connections and write DIR/<config>.svg (inferno), DIR/<config>.folded.gz and
@@ -251,7 +255,7 @@ async fn run(command: Command) -> Result<(), String> {
             }
             refuse_scaled_results(&common, &scen)?;
             results::run_scenarios(&common, &scen, &modes(&scen.modes)?).await?;
-            overhead::run(&common, overhead_seconds, &[1, 16, 64], None).await?;
+            overhead::run(&common, overhead_seconds, 1, &[1, 16, 64], None).await?;
             soak::run(&common, soak_minutes, 40.0, false).await
         }
         Command::Run { common, scen } => {
@@ -262,8 +266,18 @@ async fn run(command: Command) -> Result<(), String> {
             common,
             seconds,
             connections,
+            rounds,
             flamegraphs,
-        } => overhead::run(&common, seconds, &connections, flamegraphs.as_deref()).await,
+        } => {
+            overhead::run(
+                &common,
+                seconds,
+                rounds,
+                &connections,
+                flamegraphs.as_deref(),
+            )
+            .await
+        }
         Command::Soak {
             common,
             minutes,

@@ -258,6 +258,7 @@ fn wrk(url: &str, conns: u32, secs: u64, script: &Path) -> Result<WrkResult, Str
 pub async fn run(
     common: &Common,
     secs: u64,
+    rounds: u32,
     conns: &[u32],
     flamegraphs: Option<&Path>,
 ) -> Result<(), String> {
@@ -346,22 +347,29 @@ pub async fn run(
     for t in targets.iter().filter(|t| t.skipped.is_none()) {
         let _ = wrk(&t.url, 16, 1, &script);
     }
-    let mut rows: Vec<(u32, &'static str, Result<WrkResult, String>)> = Vec::new();
-    for &n in conns {
-        for t in &targets {
-            let r = match &t.skipped {
-                Some(e) => Err(e.clone()),
-                None => {
-                    eprintln!(
-                        "sluice-bench: wrk {} connections → {} ({secs} s)",
-                        n, t.name
-                    );
-                    wrk(&t.url, n, secs, &script)
-                }
-            };
-            rows.push((n, t.name, r));
+    // Each round measures every target once, in the same order, so a slow spell of the shared
+    // machine lands on one round's targets alike instead of on one target's runs.
+    let mut rounds_rows: Vec<Vec<Row>> = Vec::new();
+    for round in 1..=rounds.max(1) {
+        let mut rows: Vec<Row> = Vec::new();
+        for &n in conns {
+            for t in &targets {
+                let r = match &t.skipped {
+                    Some(e) => Err(e.clone()),
+                    None => {
+                        eprintln!(
+                            "sluice-bench: round {round}/{rounds}: wrk {} connections → {} ({secs} s)",
+                            n, t.name
+                        );
+                        wrk(&t.url, n, secs, &script)
+                    }
+                };
+                rows.push((n, t.name, r));
+            }
         }
+        rounds_rows.push(rows);
     }
+    let rows = median_rows(&rounds_rows);
     let mut own = Vec::new();
     for t in &targets {
         if let Some(p) = t.process.as_ref().filter(|_| t.name.starts_with("sluice")) {
@@ -379,7 +387,14 @@ pub async fn run(
             }
         }
     }
-    let md = table(&rows, conns);
+    let mut md = table(&rows, conns);
+    if rounds_rows.len() > 1 {
+        md.push_str(&format!(
+            "\nEach row is the median of {} rounds (req/s, p50 and p99 each). Sluice's req/s ÷ bare Pingora's in each round:\n\n",
+            rounds_rows.len()
+        ));
+        md.push_str(&spread_table(&rounds_rows, conns));
+    }
     println!("{md}");
     if let Some(dir) = flamegraphs {
         flame_runs(&targets, dir, secs, &script, &wd.path)?;
@@ -388,7 +403,7 @@ pub async fn run(
     section.push_str("## Proxy overhead against nginx (issue 6)\n\n");
     let _ = writeln!(
         section,
-        "Command: `target/release/sluice-bench overhead --seconds {secs}` (also part of `bench/run.sh`)  \n{}\n",
+        "Command: `target/release/sluice-bench overhead --seconds {secs} --rounds {rounds}` (also part of `bench/run.sh`)  \n{}\n",
         env.line()
     );
     let _ = writeln!(
@@ -606,7 +621,90 @@ fn nginx_version() -> String {
         .unwrap_or_default()
 }
 
-fn table(rows: &[(u32, &'static str, Result<WrkResult, String>)], conns: &[u32]) -> String {
+/// One measurement: connections, target, what wrk saw.
+type Row = (u32, &'static str, Result<WrkResult, String>);
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Every round's rows in the same order, folded into one row per (connections, target): the
+/// median of each figure over the rounds that measured it, the failures summed; a target no
+/// round measured keeps the first round's error.
+fn median_rows(rounds: &[Vec<Row>]) -> Vec<Row> {
+    let Some(first) = rounds.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .enumerate()
+        .map(|(i, (n, name, first_result))| {
+            let ok: Vec<&WrkResult> = rounds
+                .iter()
+                .filter_map(|r| r.get(i).and_then(|row| row.2.as_ref().ok()))
+                .collect();
+            if ok.is_empty() {
+                return (*n, *name, first_result.clone());
+            }
+            let m = |f: fn(&WrkResult) -> f64| median(ok.iter().map(|r| f(r)).collect());
+            let result = WrkResult {
+                rps: m(|r| r.rps),
+                p50_ms: m(|r| r.p50_ms),
+                p99_ms: m(|r| r.p99_ms),
+                non_2xx: ok.iter().map(|r| r.non_2xx).sum(),
+                errors: ok.iter().map(|r| r.errors).sum(),
+            };
+            (*n, *name, Ok(result))
+        })
+        .collect()
+}
+
+/// Each Sluice target's req/s ÷ bare Pingora's within every round, and their median: how far
+/// the ratio moves from one round to the next on this machine.
+fn spread_table(rounds: &[Vec<Row>], conns: &[u32]) -> String {
+    let mut s = String::from("| connections | target | per round | median |\n|---|---|---|---|\n");
+    let rps = |rows: &[Row], n: u32, name: &str| {
+        rows.iter()
+            .find(|r| r.0 == n && r.1 == name)
+            .and_then(|r| r.2.as_ref().ok())
+            .map(|r| r.rps)
+    };
+    let Some(first) = rounds.first() else {
+        return s;
+    };
+    for &n in conns {
+        for (_, name, _) in first
+            .iter()
+            .filter(|r| r.0 == n && r.1.starts_with("sluice"))
+        {
+            let ratios: Vec<f64> = rounds
+                .iter()
+                .filter_map(|rows| {
+                    let bare = rps(rows, n, "pingora (bare)").filter(|b| *b > 0.0)?;
+                    Some(rps(rows, n, name)? / bare)
+                })
+                .collect();
+            if ratios.is_empty() {
+                continue;
+            }
+            let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            let _ = writeln!(
+                s,
+                "| {n} | {name} | {} | {:.2}× |",
+                each.join(" "),
+                median(ratios.clone())
+            );
+        }
+    }
+    s
+}
+
+fn table(rows: &[Row], conns: &[u32]) -> String {
     let mut s = String::new();
     s.push_str("| connections | target | req/s | p50 | p99 | added p50 | added p99 | added p50 ÷ nginx's | req/s ÷ nginx's | req/s ÷ bare Pingora's |\n");
     s.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
@@ -680,6 +778,44 @@ fn table(rows: &[(u32, &'static str, Result<WrkResult, String>)], conns: &[u32])
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn wrk_result(rps: f64, p50_ms: f64, errors: u64) -> Result<WrkResult, String> {
+        Ok(WrkResult {
+            rps,
+            p50_ms,
+            p99_ms: p50_ms * 4.0,
+            non_2xx: 0,
+            errors,
+        })
+    }
+
+    #[test]
+    fn rounds_fold_into_medians_and_per_round_ratios() {
+        let round = |bare: f64, sluice: f64, errors: u64| -> Vec<Row> {
+            vec![
+                (16, "pingora (bare)", wrk_result(bare, 0.5, 0)),
+                (16, "sluice", wrk_result(sluice, 0.7, errors)),
+                (16, "sluice + ledger", Err("no database".into())),
+            ]
+        };
+        let rounds = vec![
+            round(30000.0, 24000.0, 0),
+            round(20000.0, 19000.0, 2),
+            round(32000.0, 25600.0, 1),
+        ];
+        let rows = median_rows(&rounds);
+        let sluice = rows[1].2.as_ref().unwrap();
+        assert_eq!(sluice.rps, 24000.0);
+        assert_eq!(sluice.errors, 3);
+        assert_eq!(rows[0].2.as_ref().unwrap().rps, 30000.0);
+        assert_eq!(rows[2].2, Err("no database".into()));
+        let spread = spread_table(&rounds, &[16]);
+        assert!(
+            spread.contains("| 16 | sluice | 0.80 0.95 0.80 | 0.80× |"),
+            "{spread}"
+        );
+        assert!(!spread.contains("sluice + ledger |"), "{spread}");
+    }
 
     #[test]
     fn parses_wrk_latency_output() {
