@@ -349,8 +349,9 @@ pub async fn run(
     }
     // Each round measures every target once, in the same order, so a slow spell of the shared
     // machine lands on one round's targets alike instead of on one target's runs.
+    let rounds = rounds.max(1);
     let mut rounds_rows: Vec<Vec<Row>> = Vec::new();
-    for round in 1..=rounds.max(1) {
+    for round in 1..=rounds {
         let mut rows: Vec<Row> = Vec::new();
         for &n in conns {
             for t in &targets {
