@@ -105,7 +105,7 @@ pub fn sluice_bin(flag: Option<&Path>) -> Result<PathBuf, String> {
     ))
 }
 
-/// A child process killed on drop.
+/// A child process stopped on drop.
 pub struct Proc {
     pub child: Child,
     pub addr: String,
@@ -113,8 +113,25 @@ pub struct Proc {
     pub log: PathBuf,
 }
 
+/// How long a stopped child may take to exit before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
 impl Drop for Proc {
+    /// SIGTERM first, SIGKILL only if that is not enough: a SIGKILLed nginx master leaves its
+    /// workers running, still listening, one set per bench run.
     fn drop(&mut self) {
+        let asked = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        let deadline = Instant::now() + STOP_GRACE;
+        while asked && Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
