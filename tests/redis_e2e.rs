@@ -277,11 +277,6 @@ async fn requests_queued_through_different_replicas_are_released_in_arrival_orde
     let mut expected = vec![1];
     expected.extend(arrived.iter().map(|&(_, t)| t));
     println!("order at the simulator: {order:?}; arrival at Sluice: {arrived:?}");
-    assert_eq!(
-        expected.len(),
-        7,
-        "a waiter's record is missing: {arrived:?}"
-    );
     assert_eq!(order, expected);
     let refs: Vec<&Sluice> = rs.iter().collect();
     wait_idle(&refs, &ns, Duration::from_secs(3)).await;
