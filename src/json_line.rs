@@ -1,11 +1,12 @@
 //! Compact JSON for what is written once per request: the decision record (the log line) and
-//! its policy inputs (the ledger's `inputs` column). The output is byte for byte what
-//! `serde_json::to_vec` writes; only the cost differs (see [`records`]). A string goes through
+//! its policy inputs (the ledger's `inputs` column). The output reads back through serde as
+//! the value written, and its objects are byte for byte what `serde_json::to_vec` writes; the
+//! inputs are packed into arrays (see [`records`]). A string goes through
 //! serde_json's escaper only when it holds a byte that needs escaping.
 
 mod records;
 
-pub use records::{write_inputs, write_record};
+pub use records::{write_inputs_packed, write_record_packed};
 
 fn needs_escape(b: u8) -> bool {
     b < 0x20 || b == b'"' || b == b'\\'

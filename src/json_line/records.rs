@@ -2,8 +2,10 @@
 //! written once per request (the log line, the ledger's `inputs` column), and through serde
 //! each field was a call that wrote its comma, its quoted key and its colon a byte or two at a
 //! time: ~14k instructions a record. Here each key is one constant slice with its comma and
-//! colon. The bytes are serde_json's (same order, same skipped fields, its number formatter);
-//! the tests below compare the two on records that set and clear every optional field.
+//! colon. Written as objects, the bytes are serde_json's (same order, same skipped fields, its
+//! number formatter): the tests below compare the two on records that set and clear every
+//! optional field. What is stored (the log line, the ledger) has its inputs packed instead, an
+//! array of field values that serde reads back as the same struct.
 
 use super::write_str;
 use crate::decisions::DecisionRecord;
@@ -17,28 +19,54 @@ macro_rules! key {
     };
 }
 
-/// A JSON object being written; keys come from [`key!`], with their leading comma dropped for
-/// the first one.
+/// How a struct is written: as an object (its field names as keys), or packed as an array of
+/// its field values in declaration order, which serde's derived `Deserialize` reads as the same
+/// struct.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    Object,
+    Packed,
+}
+
+/// A JSON object (or, packed, an array) being written; keys come from [`key!`], with their
+/// leading comma dropped for the first one.
 struct Obj<'a> {
     out: &'a mut Vec<u8>,
     empty: bool,
+    form: Form,
 }
 
 impl<'a> Obj<'a> {
     fn open(out: &'a mut Vec<u8>) -> Self {
-        out.push(b'{');
-        Obj { out, empty: true }
+        Self::open_as(out, Form::Object)
+    }
+
+    fn open_as(out: &'a mut Vec<u8>, form: Form) -> Self {
+        out.push(if form == Form::Packed { b'[' } else { b'{' });
+        Obj {
+            out,
+            empty: true,
+            form,
+        }
     }
 
     fn key(&mut self, k: &'static [u8]) -> &mut Vec<u8> {
-        let k = if self.empty {
-            self.empty = false;
-            &k[1..]
-        } else {
-            k
-        };
-        self.out.extend_from_slice(k);
+        let first = std::mem::replace(&mut self.empty, false);
+        match (self.form, first) {
+            (Form::Object, true) => self.out.extend_from_slice(&k[1..]),
+            (Form::Object, false) => self.out.extend_from_slice(k),
+            (Form::Packed, true) => {}
+            (Form::Packed, false) => self.out.push(b','),
+        }
         self.out
+    }
+
+    /// A `skip_serializing_if = "Option::is_none"` field that is `None`: left out of an
+    /// object, but a packed array keeps its place.
+    fn absent(&mut self, k: &'static [u8]) {
+        if self.form == Form::Packed {
+            self.key(k).extend_from_slice(b"null");
+        }
     }
 
     fn str(&mut self, k: &'static [u8], v: &str) {
@@ -102,13 +130,18 @@ impl<'a> Obj<'a> {
 
     /// A `skip_serializing_if = "Option::is_none"` field.
     fn some_f64(&mut self, k: &'static [u8], v: Option<f64>) {
-        if let Some(v) = v {
-            self.f64(k, v);
+        match v {
+            Some(v) => self.f64(k, v),
+            None => self.absent(k),
         }
     }
 
     fn close(self) {
-        self.out.push(b'}');
+        self.out.push(if self.form == Form::Packed {
+            b']'
+        } else {
+            b'}'
+        });
     }
 }
 
@@ -121,8 +154,15 @@ fn f64_value(out: &mut Vec<u8>, v: f64) {
     }
 }
 
-/// Appends `r` as the compact JSON `serde_json::to_vec(r)` writes.
-pub fn write_record(out: &mut Vec<u8>, r: &DecisionRecord) {
+/// Appends `r` with its inputs packed ([`write_inputs_packed`]): the request log's line, which
+/// `sluice replay` and every reader of records read as the same record. The inputs are for
+/// replay, and their field names were a third of a line's bytes, which the log writer and the
+/// kernel's writeback of the log file pay for on every request.
+pub fn write_record_packed(out: &mut Vec<u8>, r: &DecisionRecord) {
+    record(out, r, Form::Packed);
+}
+
+fn record(out: &mut Vec<u8>, r: &DecisionRecord, inputs_form: Form) {
     let mut o = Obj::open(out);
     o.str(key!("request_id"), &r.request_id);
     o.u64(key!("received_at_ms"), r.received_at_ms);
@@ -159,50 +199,61 @@ pub fn write_record(out: &mut Vec<u8>, r: &DecisionRecord) {
     o.opt_str(key!("queue_outcome"), r.queue_outcome.as_deref());
     o.opt_str(key!("error"), r.error.as_deref());
     match &r.inputs {
-        Some(i) => write_inputs(o.key(key!("inputs")), i),
+        Some(i) => inputs(o.key(key!("inputs")), i, inputs_form),
         None => o.key(key!("inputs")).extend_from_slice(b"null"),
     }
     o.close();
 }
 
-/// Appends `i` as the compact JSON `serde_json::to_vec(i)` writes.
-pub fn write_inputs(out: &mut Vec<u8>, i: &PolicyInputs) {
-    let mut o = Obj::open(out);
+/// Appends `i` packed: every struct as an array of its field values in declaration order (an
+/// absent optional one as `null`), which `serde_json::from_slice::<PolicyInputs>` reads back as
+/// the same value. What the ledger stores: the field names were ~0.45 KB of the ~0.7 KB
+/// object, in every row, and PostgreSQL's cost of a row grows with its bytes (receiving the
+/// COPY stream, checking the `json`, the heap and WAL writes). Positional, so any change to
+/// the fields, even an added optional one, needs a new [`crate::replay::input::VERSION`].
+pub fn write_inputs_packed(out: &mut Vec<u8>, i: &PolicyInputs) {
+    inputs(out, i, Form::Packed);
+}
+
+fn inputs(out: &mut Vec<u8>, i: &PolicyInputs, form: Form) {
+    let mut o = Obj::open_as(out, form);
     o.u64(key!("v"), u64::from(i.v));
     o.code(key!("mode"), i.mode);
     o.u64(key!("sample_ms"), i.sample_ms);
     o.u64(key!("epoch_ms"), i.epoch_ms);
-    facts(o.key(key!("facts")), &i.facts);
-    tier_read(o.key(key!("tier_state")), &i.tier_state);
+    facts(o.key(key!("facts")), &i.facts, form);
+    tier_read(o.key(key!("tier_state")), &i.tier_state, form);
     o.bool(key!("fallback_active"), i.fallback_active);
     let pools = o.key(key!("pools"));
     pools.push(b'[');
-    pool_read(pools, &i.pools[0]);
+    pool_read(pools, &i.pools[0], form);
     pools.push(b',');
-    pool_read(pools, &i.pools[1]);
+    pool_read(pools, &i.pools[1], form);
     pools.push(b']');
-    let mut r = Obj::open(o.key(key!("rules")));
+    let mut r = Obj::open_as(o.key(key!("rules")), form);
     r.u64(key!("tier"), u64::from(i.rules.tier));
     r.u64(key!("fallback"), u64::from(i.rules.fallback));
     r.u64(key!("controller"), u64::from(i.rules.controller));
     r.close();
-    decided(o.key(key!("decided")), &i.decided);
+    decided(o.key(key!("decided")), &i.decided, form);
     o.close();
 }
 
-fn facts(out: &mut Vec<u8>, f: &Facts) {
-    let mut o = Obj::open(out);
+fn facts(out: &mut Vec<u8>, f: &Facts, form: Form) {
+    let mut o = Obj::open_as(out, form);
     o.code(key!("tier"), f.tier);
     o.bool(key!("shapeable"), f.shapeable);
     o.bool(key!("fallback_available"), f.fallback_available);
     o.bool(key!("spot_healthy"), f.spot_healthy);
-    if let Some(p) = f.fallback_pool {
-        o.code(key!("fallback_pool"), p);
+    match f.fallback_pool {
+        Some(p) => o.code(key!("fallback_pool"), p),
+        None => o.absent(key!("fallback_pool")),
     }
     o.u64(key!("ticket"), f.ticket);
     o.u64(key!("prompt_tokens"), f.prompt_tokens);
-    if let Some(m) = f.max_tokens {
-        o.u64(key!("max_tokens"), m);
+    match f.max_tokens {
+        Some(m) => o.u64(key!("max_tokens"), m),
+        None => o.absent(key!("max_tokens")),
     }
     let work = o.key(key!("inflight_work"));
     work.push(b'[');
@@ -213,8 +264,8 @@ fn facts(out: &mut Vec<u8>, f: &Facts) {
     o.close();
 }
 
-fn tier_read(out: &mut Vec<u8>, t: &TierRead) {
-    let mut o = Obj::open(out);
+fn tier_read(out: &mut Vec<u8>, t: &TierRead, form: Form) {
+    let mut o = Obj::open_as(out, form);
     o.code(key!("state"), t.state);
     o.code(key!("driver"), t.driver);
     o.bool(key!("fail_open"), t.fail_open);
@@ -222,8 +273,8 @@ fn tier_read(out: &mut Vec<u8>, t: &TierRead) {
     o.close();
 }
 
-fn pool_read(out: &mut Vec<u8>, p: &PoolRead) {
-    let mut o = Obj::open(out);
+fn pool_read(out: &mut Vec<u8>, p: &PoolRead, form: Form) {
+    let mut o = Obj::open_as(out, form);
     o.some_f64(key!("pressure"), p.pressure);
     o.some_f64(key!("queue_depth"), p.queue_depth);
     o.some_f64(key!("sla_violation_rate"), p.sla_violation_rate);
@@ -233,11 +284,12 @@ fn pool_read(out: &mut Vec<u8>, p: &PoolRead) {
     o.close();
 }
 
-fn decided(out: &mut Vec<u8>, d: &Decided) {
-    let mut o = Obj::open(out);
+fn decided(out: &mut Vec<u8>, d: &Decided, form: Form) {
+    let mut o = Obj::open_as(out, form);
     o.code(key!("action"), d.action);
-    if let Some(cap) = d.cap {
-        o.u64(key!("cap"), u64::from(cap));
+    match d.cap {
+        Some(cap) => o.u64(key!("cap"), u64::from(cap)),
+        None => o.absent(key!("cap")),
     }
     o.code(key!("reason"), d.reason);
     o.code(key!("pool"), d.pool);
@@ -249,6 +301,15 @@ mod tests {
     use super::*;
     use crate::decisions::SignalsUsed;
     use crate::policy::Pool;
+
+    /// The object form, which must be what serde_json writes: the packed form shares its code.
+    fn write_record(out: &mut Vec<u8>, r: &DecisionRecord) {
+        record(out, r, Form::Object);
+    }
+
+    fn write_inputs(out: &mut Vec<u8>, i: &PolicyInputs) {
+        inputs(out, i, Form::Object);
+    }
 
     fn ours(r: &DecisionRecord) -> String {
         let mut out = Vec::new();
@@ -337,5 +398,48 @@ mod tests {
                 "fields set: {set}"
             );
         }
+    }
+
+    #[test]
+    fn packed_inputs_read_back_as_the_same_inputs_in_under_three_fifths_of_the_bytes() {
+        let mut i = crate::replay::input::tests::sample().0;
+        for set in [true, false] {
+            i.facts.fallback_pool = set.then_some(Pool::Fallback);
+            i.facts.max_tokens = set.then_some(4096);
+            i.facts.inflight_work = if set { [1.25, 3.0] } else { [0.0, 0.0] };
+            i.decided.cap = set.then_some(512);
+            for p in &mut i.pools {
+                p.pressure = set.then_some(97.5);
+                p.queue_depth = set.then_some(12.0);
+                p.sla_violation_rate = set.then_some(0.02);
+                p.work_limit = set.then_some(3.5e4);
+            }
+            let mut packed = Vec::new();
+            write_inputs_packed(&mut packed, &i);
+            assert_eq!(packed[0], b'[', "{}", String::from_utf8_lossy(&packed));
+            let back: PolicyInputs = serde_json::from_slice(&packed).unwrap();
+            assert_eq!(back, i, "fields set: {set}");
+            let object = serde_json::to_vec(&i).unwrap();
+            assert!(
+                packed.len() * 5 < object.len() * 3,
+                "packed {} bytes, object {}: {}",
+                packed.len(),
+                object.len(),
+                String::from_utf8_lossy(&packed)
+            );
+        }
+    }
+
+    #[test]
+    fn a_record_with_packed_inputs_reads_back_as_the_same_record() {
+        let mut r = full();
+        r.ttfb_ms = Some(12.5);
+        r.overhead_us = None;
+        let mut line = Vec::new();
+        write_record_packed(&mut line, &r);
+        let back: DecisionRecord = serde_json::from_slice(&line).unwrap();
+        assert!(back.inputs.is_some(), "{}", String::from_utf8_lossy(&line));
+        assert_eq!(ours(&back), ours(&r));
+        assert!(line.len() < ours(&r).len());
     }
 }

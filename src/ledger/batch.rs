@@ -77,11 +77,11 @@ impl<'a> FromSql<'a> for JsonText {
     }
 }
 
-/// The `unnest` path's parameter: the inputs as JSON text.
+/// The `unnest` path's parameter: the inputs as packed JSON text ([`crate::json_line::write_inputs_packed`]).
 fn json_text(v: Option<&PolicyInputs>) -> Option<JsonText> {
     v.and_then(|i| {
         let mut out = Vec::with_capacity(1024);
-        crate::json_line::write_inputs(&mut out, i);
+        crate::json_line::write_inputs_packed(&mut out, i);
         String::from_utf8(out).ok()
     })
     .map(JsonText)
@@ -396,7 +396,7 @@ fn put_json(buf: &mut Vec<u8>, v: Option<&PolicyInputs>) {
     };
     let at = buf.len();
     buf.extend_from_slice(&[0, 0, 0, 0]);
-    crate::json_line::write_inputs(buf, v);
+    crate::json_line::write_inputs_packed(buf, v);
     if buf.len() - at - 4 > MAX_FIELD {
         buf.truncate(at);
         return put_null(buf);

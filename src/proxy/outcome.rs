@@ -387,7 +387,7 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         };
         if let Some(w) = crate::log_writer::stderr() {
             let mut line = Vec::with_capacity(2048);
-            crate::json_line::write_record(&mut line, &record);
+            crate::json_line::write_record_packed(&mut line, &record);
             line.push(b'\n');
             w.write(line);
         }
