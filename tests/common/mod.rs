@@ -210,30 +210,60 @@ pub fn write_config(cfg: &Value) -> (PathBuf, PathBuf) {
 
 /// Starts `sluice serve` on `cfg` with extra environment, and waits until it is ready (an
 /// on-demand backend has passed a health check). `wait_ready = false` only waits for /livez.
+/// A listen port is free when the test picks it, but another process's connection can take it
+/// before Sluice binds it, and Pingora then retries the bind for 30 s: a Sluice that reports
+/// its address in use is started again with fresh loopback ports, and one that is not ready in
+/// time fails with its own log.
 pub async fn serve_with(cfg: &Value, env: &[(&str, &str)], wait_ready: bool) -> Sluice {
-    let (dir, path) = write_config(cfg);
-    let addr = cfg["listen"][0].as_str().unwrap().to_string();
-    let log = std::fs::File::create(dir.join("sluice.log")).unwrap();
-    let mut cmd = Command::new(BIN);
-    cmd.args(["serve", "--config"])
-        .arg(&path)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log);
-    for (k, v) in env {
-        cmd.env(k, v);
+    let mut cfg = cfg.clone();
+    let c = client();
+    for _ in 0..3 {
+        let (dir, path) = write_config(&cfg);
+        let addr = cfg["listen"][0].as_str().unwrap().to_string();
+        let log_path = dir.join("sluice.log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--config"])
+            .arg(&path)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn sluice serve");
+        let mut s = Sluice {
+            proc: Proc { child, addr },
+            dir,
+        };
+        let url = s.url(if wait_ready { "/readyz" } else { "/livez" });
+        let in_use = || std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("is in use"));
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(15) {
+            if in_use() || s.proc.child.try_wait().unwrap().is_some() {
+                break;
+            }
+            // Bounded: whatever holds the port may accept and never answer.
+            if let Ok(r) = c.get(&url).timeout(Duration::from_secs(1)).send().await {
+                if r.status() == 200 {
+                    return s;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            in_use(),
+            "sluice did not become ready within 15 s ({url}); its log:\n{}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        let _ = s.proc.child.kill();
+        let _ = s.proc.child.wait();
+        for l in cfg["listen"].as_array_mut().unwrap() {
+            if l.as_str().is_some_and(|a| a.starts_with("127.0.0.1:")) {
+                *l = json!(format!("127.0.0.1:{}", free_port()));
+            }
+        }
     }
-    let child = cmd.spawn().expect("spawn sluice serve");
-    let s = Sluice {
-        proc: Proc { child, addr },
-        dir,
-    };
-    wait_ok(
-        &s.url(if wait_ready { "/readyz" } else { "/livez" }),
-        Duration::from_secs(15),
-        "sluice to become ready",
-    )
-    .await;
-    s
+    panic!("sluice found its listen address in use three times");
 }
 
 pub async fn serve(cfg: &Value) -> Sluice {
