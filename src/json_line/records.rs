@@ -375,21 +375,27 @@ mod tests {
         assert_eq!(ours(&r), serde_json::to_string(&r).unwrap());
     }
 
+    /// Sample inputs with every optional field set (and `work` in flight), or every one cleared.
+    fn inputs_with_optionals(set: bool, work: [f64; 2]) -> PolicyInputs {
+        let mut i = crate::replay::input::tests::sample().0;
+        i.facts.fallback_pool = set.then_some(Pool::Fallback);
+        i.facts.max_tokens = set.then_some(4096);
+        i.facts.inflight_work = if set { work } else { [0.0, 0.0] };
+        i.decided.cap = set.then_some(512);
+        for p in &mut i.pools {
+            p.pressure = set.then_some(97.5);
+            p.queue_depth = set.then_some(12.0);
+            p.sla_violation_rate = set.then_some(0.02);
+            p.work_limit = set.then_some(3.5e4);
+            p.saturated = set;
+        }
+        i
+    }
+
     #[test]
     fn inputs_with_their_skipped_fields_set_and_cleared_are_what_serde_json_writes() {
-        let mut i = crate::replay::input::tests::sample().0;
         for set in [true, false] {
-            i.facts.fallback_pool = set.then_some(Pool::Fallback);
-            i.facts.max_tokens = set.then_some(4096);
-            i.facts.inflight_work = if set { [1.25, f64::NAN] } else { [0.0, 0.0] };
-            i.decided.cap = set.then_some(512);
-            for p in &mut i.pools {
-                p.pressure = set.then_some(97.5);
-                p.queue_depth = set.then_some(12.0);
-                p.sla_violation_rate = set.then_some(0.02);
-                p.work_limit = set.then_some(3.5e4);
-                p.saturated = set;
-            }
+            let i = inputs_with_optionals(set, [1.25, f64::NAN]);
             let mut out = Vec::new();
             write_inputs(&mut out, &i);
             assert_eq!(
@@ -402,18 +408,10 @@ mod tests {
 
     #[test]
     fn packed_inputs_read_back_as_the_same_inputs_in_under_three_fifths_of_the_bytes() {
-        let mut i = crate::replay::input::tests::sample().0;
         for set in [true, false] {
-            i.facts.fallback_pool = set.then_some(Pool::Fallback);
-            i.facts.max_tokens = set.then_some(4096);
-            i.facts.inflight_work = if set { [1.25, 3.0] } else { [0.0, 0.0] };
-            i.decided.cap = set.then_some(512);
-            for p in &mut i.pools {
-                p.pressure = set.then_some(97.5);
-                p.queue_depth = set.then_some(12.0);
-                p.sla_violation_rate = set.then_some(0.02);
-                p.work_limit = set.then_some(3.5e4);
-            }
+            // Finite: a packed NaN reads back as `null`, which no `f64` field takes; captured
+            // inputs are finite.
+            let i = inputs_with_optionals(set, [1.25, 3.0]);
             let mut packed = Vec::new();
             write_inputs_packed(&mut packed, &i);
             assert_eq!(packed[0], b'[', "{}", String::from_utf8_lossy(&packed));
