@@ -237,8 +237,8 @@ async fn the_ledger_replays_unchanged_under_its_config_and_a_stricter_threshold_
     wait_rows(&schema, sent).await;
     let rows = rows(&schema).await;
     assert_eq!(rows.len(), sent);
-    // The ledger stores them packed (an array of field values); they read back whole, and
-    // every other output (/decisions/recent, export, the log) writes them as an object.
+    // The ledger stores them packed (an array of field values), as the log does; they read
+    // back whole, and /decisions/recent and the export write them as objects.
     assert!(
         rows.iter().all(|r| r["inputs"].is_array()
             && serde_json::from_value::<sluice::replay::PolicyInputs>(r["inputs"].clone())

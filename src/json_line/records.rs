@@ -156,8 +156,8 @@ fn f64_value(out: &mut Vec<u8>, v: f64) {
 
 /// Appends `r` with its inputs packed ([`write_inputs_packed`]): the request log's line, which
 /// `sluice replay` and every reader of records read as the same record. The inputs are for
-/// replay, and their field names were a third of a line's bytes, which the log writer and the
-/// kernel's writeback of the log file pay for on every request.
+/// replay, and their field names were a quarter of a line's bytes (1,424 → 1,070 for a plain
+/// pass), which the log writer and the log's reader pay for on every request.
 pub fn write_record_packed(out: &mut Vec<u8>, r: &DecisionRecord) {
     record(out, r, Form::Packed);
 }
@@ -207,7 +207,7 @@ fn record(out: &mut Vec<u8>, r: &DecisionRecord, inputs_form: Form) {
 
 /// Appends `i` packed: every struct as an array of its field values in declaration order (an
 /// absent optional one as `null`), which `serde_json::from_slice::<PolicyInputs>` reads back as
-/// the same value. What the ledger stores: the field names were ~0.45 KB of the ~0.7 KB
+/// the same value. What the ledger stores: the field names were ~0.35 KB of the ~0.6 KB
 /// object, in every row, and PostgreSQL's cost of a row grows with its bytes (receiving the
 /// COPY stream, checking the `json`, the heap and WAL writes). Positional, so any change to
 /// the fields, even an added optional one, needs a new [`crate::replay::input::VERSION`].

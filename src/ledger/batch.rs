@@ -77,7 +77,8 @@ impl<'a> FromSql<'a> for JsonText {
     }
 }
 
-/// The `unnest` path's parameter: the inputs as packed JSON text ([`crate::json_line::write_inputs_packed`]).
+/// The `unnest` path's parameter: the inputs as packed JSON text
+/// ([`crate::json_line::write_inputs_packed`]).
 fn json_text(v: Option<&PolicyInputs>) -> Option<JsonText> {
     v.and_then(|i| {
         let mut out = Vec::with_capacity(1024);
