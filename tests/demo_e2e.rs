@@ -8,13 +8,10 @@ use serde_json::{json, Value};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// Starts the demo on a free port and waits until it is ready. The port is free when picked but
-/// another process's connection can take it before the demo binds it, and Pingora then retries
-/// the bind for 30 s: a demo that reports the port in use (or exits) before answering is started
-/// again on another port; one that neither answers nor says why fails with its own log.
-async fn start_demo(c: &reqwest::Client) -> Proc {
+/// Starts the demo on a free port and waits until it is ready, on another port when its own is
+/// taken ([`wait_started`]).
+async fn start_demo() -> Proc {
     let log = std::env::temp_dir().join(format!("sluice-demo-e2e-{}.log", std::process::id()));
-    let in_use = || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("is in use"));
     for _ in 0..3 {
         let addr = format!("127.0.0.1:{}", free_port());
         let child = Command::new(BIN)
@@ -25,35 +22,18 @@ async fn start_demo(c: &reqwest::Client) -> Proc {
             .spawn()
             .unwrap();
         let mut demo = Proc { child, addr };
-        let start = std::time::Instant::now();
-        while start.elapsed() < Duration::from_secs(15) {
-            if in_use() || demo.child.try_wait().unwrap().is_some() {
-                break;
-            }
-            if let Ok(r) = c.get(demo.url("/readyz")).send().await {
-                if r.status() == 200 {
-                    return demo;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if !in_use() && demo.child.try_wait().unwrap().is_none() {
-            panic!(
-                "the demo was not ready after 15 s; its log:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
+        let ready = demo.url("/readyz");
+        if wait_started(&mut demo, &ready, &log).await {
+            return demo;
         }
     }
-    panic!(
-        "the demo could not listen three times; its last log:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    panic!("the demo found its port in use three times");
 }
 
 #[tokio::test]
 async fn demo_walkthrough() {
     let c = client();
-    let demo = start_demo(&c).await;
+    let demo = start_demo().await;
     let chat = |tenant: &'static str| {
         c.post(demo.url("/v1/chat/completions"))
             .header("x-tenant-id", tenant)

@@ -208,15 +208,42 @@ pub fn write_config(cfg: &Value) -> (PathBuf, PathBuf) {
     (dir, path)
 }
 
+/// Waits up to 15 s for `url` to answer 200 from `proc`, whose output goes to `log`. A listen
+/// port is free when a test picks it, but another process's connection can take it before the
+/// child binds it, and Pingora then retries the bind for 30 s: `false` when the log says an
+/// address is in use, so the caller starts it again on fresh ports. A child that exits or is
+/// not ready for another reason fails the test with its own log.
+pub async fn wait_started(proc: &mut Proc, url: &str, log: &std::path::Path) -> bool {
+    let c = client();
+    let in_use = || std::fs::read_to_string(log).is_ok_and(|l| l.contains("is in use"));
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        if in_use() || proc.child.try_wait().unwrap().is_some() {
+            break;
+        }
+        // Bounded: whatever holds the port may accept and never answer.
+        if let Ok(r) = c.get(url).timeout(Duration::from_secs(1)).send().await {
+            if r.status() == 200 {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        in_use(),
+        "{url} did not become ready within 15 s; the log:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    let _ = proc.child.kill();
+    let _ = proc.child.wait();
+    false
+}
+
 /// Starts `sluice serve` on `cfg` with extra environment, and waits until it is ready (an
 /// on-demand backend has passed a health check). `wait_ready = false` only waits for /livez.
-/// A listen port is free when the test picks it, but another process's connection can take it
-/// before Sluice binds it, and Pingora then retries the bind for 30 s: a Sluice that reports
-/// its address in use is started again with fresh loopback ports, and one that is not ready in
-/// time fails with its own log.
+/// Started again with fresh loopback listen ports when its own are taken ([`wait_started`]).
 pub async fn serve_with(cfg: &Value, env: &[(&str, &str)], wait_ready: bool) -> Sluice {
     let mut cfg = cfg.clone();
-    let c = client();
     for _ in 0..3 {
         let (dir, path) = write_config(&cfg);
         let addr = cfg["listen"][0].as_str().unwrap().to_string();
@@ -236,27 +263,9 @@ pub async fn serve_with(cfg: &Value, env: &[(&str, &str)], wait_ready: bool) -> 
             dir,
         };
         let url = s.url(if wait_ready { "/readyz" } else { "/livez" });
-        let in_use = || std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("is in use"));
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(15) {
-            if in_use() || s.proc.child.try_wait().unwrap().is_some() {
-                break;
-            }
-            // Bounded: whatever holds the port may accept and never answer.
-            if let Ok(r) = c.get(&url).timeout(Duration::from_secs(1)).send().await {
-                if r.status() == 200 {
-                    return s;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if wait_started(&mut s.proc, &url, &log_path).await {
+            return s;
         }
-        assert!(
-            in_use(),
-            "sluice did not become ready within 15 s ({url}); its log:\n{}",
-            std::fs::read_to_string(&log_path).unwrap_or_default()
-        );
-        let _ = s.proc.child.kill();
-        let _ = s.proc.child.wait();
         for l in cfg["listen"].as_array_mut().unwrap() {
             if l.as_str().is_some_and(|a| a.starts_with("127.0.0.1:")) {
                 *l = json!(format!("127.0.0.1:{}", free_port()));
