@@ -21,7 +21,7 @@ extra=()
 [ -n "${EXTRA_YAML:-}" ] && extra+=("$EXTRA_YAML")
 # Ticks of user + system time per command name, summed over its processes.
 snap() {
-  for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null; echo; done |
+  for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null || true; echo; done |
     awk 'NF>15 {c=$2; sub(/\(/,"",c); sub(/\).*/,"",c); t[c]+=$14+$15} END {for (k in t) print k, t[k]}' | sort
 }
 machine() { awk '/^cpu / {print $2+$3+$4+$6+$7+$8}' /proc/stat; }

@@ -836,10 +836,13 @@ impl CoordinationConfig {
 pub struct LedgerConfig {
     /// How often the writer sends buffered rows to PostgreSQL, in ms. Default 200.
     pub flush_interval_ms: u64,
-    /// Rows per INSERT; a flush also starts as soon as this many rows are buffered. Default 500.
+    /// Rows per INSERT; a flush also starts as soon as this many rows are buffered. Default
+    /// 5000: above a flush interval's worth at the rates one replica serves, so batches go out by
+    /// time, and PostgreSQL wakes ~5 times a second instead of ~45 (each wake of its backend
+    /// left a core idle for ~2.8 ms on a 2-core machine, bench/RESULTS.md).
     pub batch_rows: usize,
-    /// Rows held in memory while PostgreSQL is slow or down before they spill to the spool.
-    /// Default 10000.
+    /// Rows held in memory while PostgreSQL is slow or down before they spill to the spool
+    /// (at half of it). Default 20000: two full batches before spilling.
     pub buffer_rows: usize,
     /// Directory of the append-only spool (JSON lines) that keeps rows PostgreSQL could not
     /// take, replayed once it is back. Absolute path. Default `/tmp/sluice-spool`
@@ -869,8 +872,8 @@ impl Default for LedgerConfig {
     fn default() -> Self {
         Self {
             flush_interval_ms: 200,
-            batch_rows: 500,
-            buffer_rows: 10_000,
+            batch_rows: 5_000,
+            buffer_rows: 20_000,
             spool_dir: PathBuf::from("/tmp/sluice-spool"),
             spool_max_bytes: 256 * 1024 * 1024,
             retention_days: 30,
