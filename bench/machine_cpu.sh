@@ -7,7 +7,9 @@
 # is counted only in the machine's total).
 #   bench/machine_cpu.sh SECS CONNECTIONS CONFIG...     CONFIG: bare | sluice | ledger | both
 # Env: EXTRA_YAML (one more line of Sluice config, e.g. "decisions: {log_requests: all}"),
-# RUSTLOG (RUST_LOG for Sluice; unset: the shipped level), BIN (default target/release/sluice).
+# RUSTLOG (RUST_LOG for Sluice; unset: the shipped level), BIN (default target/release/sluice),
+# LEDGER_EXTRA (more keys of the ledger map, e.g. "batch_rows: 500, "). Also prints the
+# machine's idle ticks over the run: a configuration can lose requests to idle cores, not CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/sluice}
@@ -15,7 +17,7 @@ SECS=$1; C=$2; shift 2
 . bench/lib/static_backend.sh
 tk=$(getconf CLK_TCK)
 ledger=("database_url: postgres://postgres@127.0.0.1:5432/test"
-        "ledger: {schema: sluice_machine_cpu, spool_dir: $dir/spool}")
+        "ledger: {schema: sluice_machine_cpu, ${LEDGER_EXTRA:-}spool_dir: $dir/spool}")
 redis=("redis_url: redis://127.0.0.1:6379" "coordination: {redis_prefix: sluice-machine-cpu}")
 extra=()
 [ -n "${EXTRA_YAML:-}" ] && extra+=("$EXTRA_YAML")
@@ -25,6 +27,7 @@ snap() {
     awk 'NF>15 {c=$2; sub(/\(/,"",c); sub(/\).*/,"",c); t[c]+=$14+$15} END {for (k in t) print k, t[k]}' | sort
 }
 machine() { awk '/^cpu / {print $2+$3+$4+$6+$7+$8}' /proc/stat; }
+idle() { awk '/^cpu / {print $5}' /proc/stat; }
 for cfg in "$@"; do
   port=$(free_port)
   case $cfg in
@@ -43,13 +46,14 @@ for cfg in "$@"; do
   fi
   spid=$!
   wait_ready "$port" "$ready"; sleep 1.5
-  snap >"$dir/s0"; p0=$(awk '{print $14+$15}' /proc/$spid/stat); m0=$(machine)
+  i0=$(idle); snap >"$dir/s0"; p0=$(awk '{print $14+$15}' /proc/$spid/stat); m0=$(machine)
   out=$(wrk -t2 -c"$C" -d"${SECS}s" -s bench/chat.lua "http://127.0.0.1:$port/v1/chat/completions")
-  snap >"$dir/s1"; p1=$(awk '{print $14+$15}' /proc/$spid/stat); m1=$(machine)
+  i1=$(idle); snap >"$dir/s1"; p1=$(awk '{print $14+$15}' /proc/$spid/stat); m1=$(machine)
   kill -INT $spid; wait $spid 2>/dev/null || true; spid=""
   n=$(awk '/requests in/ {print $1}' <<<"$out"); rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   join -a1 -a2 -e 0 -o 0,1.2,2.2 "$dir/s0" "$dir/s1" |
     awk -v n="$n" -v tk="$tk" '{d = $3 - $2; if (d / tk * 1e6 / n >= 0.5) printf "   %-34s %6.1f µs/req\n", $1, d / tk * 1e6 / n}'
   awk -v n="$n" -v r="$rps" -v p=$((p1 - p0)) -v m=$((m1 - m0)) -v tk="$tk" -v c="$cfg" \
-    'BEGIN {printf "%-7s %8.0f req/s   proxy %6.1f µs/req   machine %6.1f µs/req\n", c, r, p / tk * 1e6 / n, m / tk * 1e6 / n}'
+    -v i=$((i1 - i0)) -v s="$SECS" -v cores="$(nproc)" \
+    'BEGIN {printf "%-7s %8.0f req/s   proxy %6.1f µs/req   machine %6.1f µs/req   idle %.0f %%\n", c, r, p / tk * 1e6 / n, m / tk * 1e6 / n, i / tk / s / cores * 100}'
 done

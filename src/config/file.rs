@@ -836,10 +836,9 @@ impl CoordinationConfig {
 pub struct LedgerConfig {
     /// How often the writer sends buffered rows to PostgreSQL, in ms. Default 200.
     pub flush_interval_ms: u64,
-    /// Rows per INSERT; a flush also starts as soon as this many rows are buffered. Default
-    /// 5000: above a flush interval's worth at the rates one replica serves, so batches go out by
-    /// time, and PostgreSQL wakes ~5 times a second instead of ~45 (each wake of its backend
-    /// left a core idle for ~2.8 ms on a 2-core machine, bench/RESULTS.md).
+    /// Rows per batch (one `COPY`); a flush also starts as soon as this many rows are buffered.
+    /// Default 5000: more than one flush interval holds at one replica's rates, so batches go out
+    /// by time (why: bench/RESULTS.md, "Ledger batches by time").
     pub batch_rows: usize,
     /// Rows held in memory while PostgreSQL is slow or down before they spill to the spool
     /// (at half of it). Default 20000: two full batches before spilling.
