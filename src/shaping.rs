@@ -116,7 +116,11 @@ impl<'de> serde::de::Visitor<'de> for FactsVisitor {
             }
         }
         Ok(FactsOnly(BodyFacts {
-            model: model.as_ref().and_then(Value::as_str).map(str::to_string),
+            // Moved out of the parsed value: a copy was one more allocation per request.
+            model: match model {
+                Some(Value::String(m)) => Some(m),
+                _ => None,
+            },
             max_tokens: max_completion_tokens
                 .or(max_tokens)
                 .as_ref()

@@ -281,10 +281,11 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         request_id: std::mem::take(&mut ctx.request_id),
         received_at_ms: ctx.received_at_ms,
         replica: app.replica.clone(),
+        // Taken, not cloned (one allocation each per request): nothing reads them after this.
         tenant: ctx
             .identity
-            .as_ref()
-            .map(|i| i.tenant.clone())
+            .as_mut()
+            .map(|i| std::mem::take(&mut i.tenant))
             .unwrap_or_default(),
         tier: tier_name.into(),
         method: method_name(&req.method),
@@ -302,11 +303,11 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
             .filter(|_| proxied)
             .map(|r| r.as_str().into()),
         backend: ctx.backend.take(),
-        requested_model: ctx.facts.as_ref().and_then(|f| f.model.clone()),
         routed_model: ctx
             .fallback_model
-            .clone()
+            .take()
             .or_else(|| ctx.facts.as_ref().and_then(|f| f.model.clone())),
+        requested_model: ctx.facts.as_mut().and_then(|f| f.model.take()),
         requested_max_tokens: ctx.facts.as_ref().and_then(|f| f.max_tokens),
         applied_max_tokens: ctx.applied_max_tokens,
         stream: ctx.facts.as_ref().is_some_and(|f| f.stream),
