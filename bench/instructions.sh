@@ -5,8 +5,9 @@
 # with the ledger and Redis admission (PostgreSQL and Redis must run locally), each under wrk at
 # 16 connections for SECS seconds; counters are zeroed once the proxy is ready, so start-up is
 # not counted. Background work (the metrics poller, the ledger writer) is, as it runs per request
-# or per second. Prints instructions per request; callgrind files stay in $OUT for
-# `callgrind_annotate`.
+# or per second. Prints instructions and heap allocations (calls into mimalloc) per request;
+# callgrind files stay in $OUT for `callgrind_annotate`. VALGRIND_EXTRA adds callgrind options,
+# e.g. "--separate-callers5=mi_malloc_aligned" to see who allocates.
 #   bench/instructions.sh [path/to/sluice] [seconds] [configs: bare sluice ledger both]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ for cfg in $CONFIGS; do
     *) echo "unknown config $cfg" >&2; exit 1 ;;
   esac
   [ "$cfg" = bare ] || { cmd=("$BIN" serve --config "$dir/sluice.yaml"); ready=/readyz; }
-  env -u RUST_LOG valgrind --tool=callgrind --callgrind-out-file="$OUT/$cfg.out" "${cmd[@]}" \
+  env -u RUST_LOG valgrind --tool=callgrind ${VALGRIND_EXTRA:-} --callgrind-out-file="$OUT/$cfg.out" "${cmd[@]}" \
     >/dev/null 2>"$OUT/$cfg.log" &
   spid=$!
   wait_ready "$port" "$ready"
@@ -42,5 +43,7 @@ for cfg in $CONFIGS; do
   spid=""
   n=$(awk '/requests in/ {print $1}' <<<"$out")
   ir=$(callgrind_annotate "$OUT/$cfg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1; exit}')
-  printf '%-7s %6d requests  %8d instructions per request\n' "$cfg" "$n" $((ir / n))
+  allocs=$(awk -f bench/lib/allocations.awk "$OUT/$cfg.out")
+  printf '%-7s %6d requests  %8d instructions  %6.1f allocations per request\n' "$cfg" "$n" $((ir / n)) \
+    "$(awk -v a="$allocs" -v n="$n" 'BEGIN {print a / n}')"
 done
