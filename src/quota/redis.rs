@@ -385,11 +385,17 @@ mod tests {
         let ns = Ns::new();
         let s = store(&ns).await;
         let q = q(Some(600), None); // ten a second
+        let started = std::time::Instant::now();
         for _ in 0..600 {
             assert!(s.take("t", &q, 0).await.unwrap().room);
         }
         let v = s.take("t", &q, 0).await.unwrap();
-        assert!(!v.room || v.requests.unwrap().level < 2.0);
+        // Emptied but for what refilled while the 600 took (a loaded machine takes seconds).
+        let refilled = started.elapsed().as_secs_f64() * 10.0;
+        assert!(
+            !v.room || v.requests.unwrap().level < refilled + 1.0,
+            "{v:?} after {refilled:.1} requests' refill"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert!(s.take("t", &q, 0).await.unwrap().room, "refilled");
     }
