@@ -351,7 +351,9 @@ pub async fn run(
     // machine lands on one round's targets alike instead of on one target's runs.
     let rounds = rounds.max(1);
     let mut rounds_rows: Vec<Vec<Row>> = Vec::new();
+    let mut steal = Vec::new();
     for round in 1..=rounds {
+        let before = CpuTicks::read();
         let mut rows: Vec<Row> = Vec::new();
         for &n in conns {
             for t in &targets {
@@ -369,6 +371,11 @@ pub async fn run(
             }
         }
         rounds_rows.push(rows);
+        steal.push(
+            before
+                .zip(CpuTicks::read())
+                .map(|(b, a)| a.steal_share_since(&b)),
+        );
     }
     let rows = median_rows(&rounds_rows);
     let mut own = Vec::new();
@@ -396,6 +403,7 @@ pub async fn run(
         ));
         md.push_str(&spread_table(&rounds_rows, conns));
     }
+    md.push_str(&steal_line(&steal));
     println!("{md}");
     if let Some(dir) = flamegraphs {
         flame_runs(&targets, dir, secs, &script, &wd.path)?;
@@ -625,6 +633,55 @@ fn nginx_version() -> String {
 /// One measurement: connections, target, what wrk saw.
 type Row = (u32, &'static str, Result<WrkResult, String>);
 
+/// The machine's CPU ticks from `/proc/stat`: a virtual machine's host can take a share of its
+/// cores (steal), which moves every req/s here as much as a change to the proxy does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CpuTicks {
+    steal: u64,
+    total: u64,
+}
+
+impl CpuTicks {
+    fn read() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// The aggregate `cpu` line: user nice system idle iowait irq softirq steal ...
+    fn parse(stat: &str) -> Option<Self> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        Some(Self {
+            steal: *v.get(7)?,
+            total: v.iter().sum(),
+        })
+    }
+
+    fn steal_share_since(&self, before: &Self) -> f64 {
+        let total = self.total.saturating_sub(before.total);
+        if total == 0 {
+            return 0.0;
+        }
+        self.steal.saturating_sub(before.steal) as f64 / total as f64
+    }
+}
+
+/// Each round's steal share, so a round the host slowed can be told from a slower proxy.
+fn steal_line(steal: &[Option<f64>]) -> String {
+    let each: Vec<String> = steal
+        .iter()
+        .map(|s| s.map_or("?".into(), |s| format!("{:.0} %", s * 100.0)))
+        .collect();
+    format!(
+        "\nCPU taken by the virtual machine's host (steal, `/proc/stat`) in each round: {}.\n",
+        each.join(" · ")
+    )
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
@@ -788,6 +845,26 @@ mod tests {
             non_2xx: 0,
             errors,
         })
+    }
+
+    #[test]
+    fn steal_is_read_from_the_cpu_line_and_shared_over_all_ticks() {
+        let before = CpuTicks::parse("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 1 2 3 4 5 6 7 8\n");
+        assert_eq!(
+            before,
+            Some(CpuTicks {
+                steal: 35,
+                total: 1000
+            })
+        );
+        let after = CpuTicks::parse("cpu  200 0 100 1400 10 0 5 285 0 0\n").unwrap();
+        // 250 of the 1000 ticks in between were stolen.
+        assert!((after.steal_share_since(&before.unwrap()) - 0.25).abs() < 1e-9);
+        assert_eq!(CpuTicks::parse("intr 1 2 3\n"), None);
+        assert_eq!(
+            steal_line(&[Some(0.031), None]),
+            "\nCPU taken by the virtual machine's host (steal, `/proc/stat`) in each round: 3 % · ?.\n"
+        );
     }
 
     #[test]
