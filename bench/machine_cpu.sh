@@ -10,7 +10,8 @@
 # RUSTLOG (RUST_LOG for Sluice; unset: the shipped level), BIN (default target/release/sluice),
 # LEDGER_EXTRA (more keys of the ledger map, e.g. "batch_rows: 500, "). Also prints the
 # machine's idle share over the run (a configuration can lose requests to idle cores, not CPU)
-# and its steal share (CPU the virtual machine's host took: it moves req/s as much as a change).
+# and its steal share (CPU the virtual machine's host took: it moves req/s as much as a change),
+# and the proxy's CPU per thread name (its workers, the log writer, the ledger writer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/sluice}
@@ -26,6 +27,14 @@ extra=()
 snap() {
   for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null || true; echo; done |
     awk 'NF>15 {c=$2; sub(/\(/,"",c); sub(/\).*/,"",c); t[c]+=$14+$15} END {for (k in t) print k, t[k]}' | sort
+}
+# Nanoseconds on CPU per thread name of one process (threads of one name summed: Pingora's
+# workers share one), from schedstat: a thread's own utime/stime ticks in task/*/stat came to
+# ~60 % of the process's total here, while schedstat's runtimes add up to it.
+threads() {
+  for t in /proc/"$1"/task/*; do
+    printf '%s\t%s\n' "$(cat "$t/comm" 2>/dev/null || echo gone)" "$(awk '{print $1}' "$t/schedstat" 2>/dev/null || echo 0)"
+  done | awk -F'\t' '{gsub(/ /, "_", $1); t[$1] += $2} END {for (k in t) printf "%s %d\n", k, t[k]}' | sort
 }
 machine() { awk '/^cpu / {print $2+$3+$4+$6+$7+$8}' /proc/stat; }
 idle() { awk '/^cpu / {print $5}' /proc/stat; }
@@ -49,13 +58,15 @@ for cfg in "$@"; do
   fi
   spid=$!
   wait_ready "$port" "$ready"; sleep 1.5
-  i0=$(idle); t0=$(steal); snap >"$dir/s0"; p0=$(awk '{print $14+$15}' /proc/$spid/stat); m0=$(machine)
+  i0=$(idle); t0=$(steal); snap >"$dir/s0"; threads $spid >"$dir/t0"; p0=$(awk '{print $14+$15}' /proc/$spid/stat); m0=$(machine)
   out=$(wrk -t2 -c"$C" -d"${SECS}s" -s bench/chat.lua "http://127.0.0.1:$port/v1/chat/completions")
-  i1=$(idle); t1=$(steal); snap >"$dir/s1"; p1=$(awk '{print $14+$15}' /proc/$spid/stat); m1=$(machine)
+  i1=$(idle); t1=$(steal); snap >"$dir/s1"; threads $spid >"$dir/t1"; p1=$(awk '{print $14+$15}' /proc/$spid/stat); m1=$(machine)
   kill -INT $spid; wait $spid 2>/dev/null || true; spid=""
   n=$(awk '/requests in/ {print $1}' <<<"$out"); rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   join -a1 -a2 -e 0 -o 0,1.2,2.2 "$dir/s0" "$dir/s1" |
     awk -v n="$n" -v tk="$tk" '{d = $3 - $2; if (d / tk * 1e6 / n >= 0.5) printf "   %-34s %6.1f µs/req\n", $1, d / tk * 1e6 / n}'
+  join -a1 -a2 -e 0 -o 0,1.2,2.2 "$dir/t0" "$dir/t1" |
+    awk -v n="$n" '{d = ($3 - $2) / 1000 / n; if (d >= 0.5) printf "     proxy thread %-21s %6.1f µs/req\n", $1, d}'
   awk -v n="$n" -v r="$rps" -v p=$((p1 - p0)) -v m=$((m1 - m0)) -v tk="$tk" -v c="$cfg" \
     -v i=$((i1 - i0)) -v st=$((t1 - t0)) -v s="$SECS" -v cores="$(nproc)" \
     'BEGIN {printf "%-7s %8.0f req/s   proxy %6.1f µs/req   machine %6.1f µs/req   idle %.0f %%   steal %.0f %%\n", c, r, p / tk * 1e6 / n, m / tk * 1e6 / n, i / tk / s / cores * 100, st / tk / s / cores * 100}'
