@@ -79,7 +79,7 @@ pub struct DecisionRecord {
     pub state: Text,
     pub pool: Option<Text>,
     pub route_reason: Option<Text>,
-    pub backend: Option<String>,
+    pub backend: Option<std::sync::Arc<str>>,
     pub requested_model: Option<String>,
     pub routed_model: Option<String>,
     pub requested_max_tokens: Option<i64>,

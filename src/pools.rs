@@ -21,18 +21,19 @@ use std::time::{Duration, Instant};
 
 pub type Balancer = LoadBalancer<RoundRobin>;
 
-/// A backend's address as text, formatted once when the pool is built: every record names
-/// its backend, and formatting a socket address per request is a visible share of its cost.
+/// What a request needs of its backend beyond the address, set once when the pool is built.
+/// Kept beside the balancer, not in `Backend::ext`: the balancer clones the backend it picks,
+/// and with it every extension (a map and a box per value, per request).
 #[derive(Clone)]
-pub struct BackendName(pub Arc<str>);
-
-impl BackendName {
-    pub fn of(b: &Backend) -> String {
-        b.ext
-            .get::<BackendName>()
-            .map_or_else(|| b.addr.to_string(), |n| n.0.to_string())
-    }
+pub struct BackendInfo {
+    /// The address as text: every record names its backend, and formatting a socket address
+    /// per request is a visible share of its cost.
+    pub name: Arc<str>,
+    pub tls: Option<Arc<UpstreamTls>>,
 }
+
+/// The [`BackendInfo`] of each backend of one pool, by address.
+pub type BackendInfos = HashMap<std::net::SocketAddr, BackendInfo>;
 
 #[derive(Debug, Clone, Default)]
 struct CheckRecord {
@@ -92,6 +93,7 @@ struct RecordingCheck {
     /// One check per server name: Pingora's check takes its TLS settings from one peer
     /// template, and each TLS backend may have its own SNI. Plain backends use the key "".
     checks: HashMap<String, HttpHealthCheck>,
+    infos: Arc<BackendInfos>,
     config: HealthCheckConfig,
     registry: Arc<HealthRegistry>,
 }
@@ -100,8 +102,10 @@ struct RecordingCheck {
 impl HealthCheck for RecordingCheck {
     async fn check(&self, target: &Backend) -> pingora::Result<()> {
         let sni = target
-            .ext
-            .get::<Arc<UpstreamTls>>()
+            .addr
+            .as_inet()
+            .and_then(|a| self.infos.get(a))
+            .and_then(|i| i.tls.as_deref())
             .map_or("", |t| t.sni.as_str());
         let result = match self.checks.get(sni) {
             Some(check) => check.check(target).await,
@@ -143,6 +147,21 @@ pub struct PoolHandle {
     /// A fallback served by a backend of the on-demand or spot pool runs on that pool's
     /// capacity: its traffic counts there, and adaptive mode sends none to a saturated pool.
     pub runs_on: Option<Pool>,
+    infos: Arc<BackendInfos>,
+}
+
+impl PoolHandle {
+    /// The name and TLS settings of one of this pool's backends.
+    pub fn info(&self, b: &Backend) -> BackendInfo {
+        b.addr
+            .as_inet()
+            .and_then(|a| self.infos.get(a))
+            .cloned()
+            .unwrap_or_else(|| BackendInfo {
+                name: b.addr.to_string().into(),
+                tls: None,
+            })
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -183,7 +202,7 @@ impl PoolSet {
         let registry = Arc::new(HealthRegistry::default());
         let mut services = Vec::new();
         let mut make = |name: String, pool: Pool, pc: &PoolConfig, model: Option<String>| {
-            let lb = balancer(&pc.backends, &pc.health_check, &registry, tls)?;
+            let (lb, infos) = balancer(&pc.backends, &pc.health_check, &registry, tls)?;
             let svc = background_service(&format!("health check {name}"), lb);
             let handle = PoolHandle {
                 name,
@@ -191,6 +210,7 @@ impl PoolSet {
                 balancer: svc.task(),
                 model,
                 runs_on: None,
+                infos,
             };
             services.push(svc);
             Ok::<_, std::io::Error>(handle)
@@ -348,9 +368,10 @@ fn balancer(
     hc_cfg: &HealthCheckConfig,
     registry: &Arc<HealthRegistry>,
     tls: &BackendTls,
-) -> std::io::Result<Balancer> {
+) -> std::io::Result<(Balancer, Arc<BackendInfos>)> {
     use std::net::ToSocketAddrs;
     let mut backends = std::collections::BTreeSet::new();
+    let mut infos = BackendInfos::new();
     let mut checks = HashMap::new();
     for addr in addrs {
         let tls = tls.get(addr);
@@ -361,16 +382,16 @@ fn balancer(
         // A name may resolve to several addresses: each is a backend, as Pingora's own
         // `try_from_iter` makes them, carrying the name's TLS settings.
         for sock in addr.to_socket_addrs()? {
-            let mut b = Backend {
+            backends.insert(Backend {
                 addr: pingora::protocols::l4::socket::SocketAddr::Inet(sock),
                 weight: 1,
                 ext: Default::default(),
-            };
-            if let Some(t) = tls {
-                b.ext.insert(Arc::clone(t));
-            }
-            b.ext.insert(BackendName(sock.to_string().into()));
-            backends.insert(b);
+            });
+            // The first name of an address wins, as in the backend set.
+            infos.entry(sock).or_insert_with(|| BackendInfo {
+                name: sock.to_string().into(),
+                tls: tls.cloned(),
+            });
         }
     }
     let discovery = pingora::lb::discovery::Static::new(backends);
@@ -378,14 +399,16 @@ fn balancer(
     futures_util::FutureExt::now_or_never(lb.update())
         .ok_or_else(|| std::io::Error::other("static backend list did not load at once"))?
         .map_err(std::io::Error::other)?;
+    let infos = Arc::new(infos);
     lb.set_health_check(Box::new(RecordingCheck {
         checks,
+        infos: Arc::clone(&infos),
         config: hc_cfg.clone(),
         registry: Arc::clone(registry),
     }));
     lb.health_check_frequency = Some(Duration::from_millis(hc_cfg.interval_ms));
     lb.parallel_health_check = true;
-    Ok(lb)
+    Ok((lb, infos))
 }
 
 /// Pingora's HTTP check of `hc_cfg.path`, over TLS with the backend's settings when it has

@@ -450,7 +450,7 @@ pub(super) fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
         route_reason: r
             .try_get::<_, Option<String>>("route_reason")?
             .map(Into::into),
-        backend: r.try_get("backend")?,
+        backend: r.try_get::<_, Option<String>>("backend")?.map(Into::into),
         requested_model: r.try_get("requested_model")?,
         routed_model: r.try_get("routed_model")?,
         requested_max_tokens: r.try_get("requested_max_tokens")?,

@@ -57,7 +57,10 @@ pub fn sanitized(r: &DecisionRecord) -> LedgerRow {
             state: name(&r.state),
             pool: r.pool.as_ref().map(name),
             route_reason: r.route_reason.as_ref().map(name),
-            backend: opt_text(r.backend.as_deref()),
+            backend: r
+                .backend
+                .as_ref()
+                .map(|b| nul_free(b).map_or_else(|| Arc::clone(b), Into::into)),
             requested_model: opt_text(r.requested_model.as_deref()),
             routed_model: opt_text(r.routed_model.as_deref()),
             requested_max_tokens: r.requested_max_tokens,
@@ -123,8 +126,8 @@ impl LedgerRow {
             && [&self.pool, &self.route_reason]
                 .into_iter()
                 .all(|s| s.as_deref().is_none_or(ok))
+            && self.backend.as_deref().is_none_or(ok)
             && [
-                &self.backend,
                 &self.requested_model,
                 &self.routed_model,
                 &self.queue_outcome,

@@ -48,7 +48,7 @@ pub struct Ctx {
     pub applied_max_tokens: Option<i64>,
     pub pool: Option<Pool>,
     pub route_reason: Option<Reason>,
-    pub backend: Option<String>,
+    pub backend: Option<std::sync::Arc<str>>,
     pub failed_backend: Option<String>,
     pub connect_retries: u8,
     pub overhead: Option<Duration>,

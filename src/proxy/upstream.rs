@@ -4,11 +4,9 @@
 
 use super::ctx::Ctx;
 use super::App;
-use crate::backend_tls::UpstreamTls;
 use crate::policy::{Pool, Reason};
 use pingora::prelude::*;
 use pingora::upstreams::peer::Peer;
-use std::sync::Arc;
 use std::time::Duration;
 
 pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
@@ -22,14 +20,16 @@ pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result
         Pool::Fallback => ctx.fallback_index.and_then(|i| pools.fallbacks.get(i)),
         p => pools.handle(p),
     };
-    let mut backend = handle.and_then(|h| pools.select(h, ctx.failed_backend.as_deref()));
+    let exclude = ctx.failed_backend.as_deref();
+    let mut picked = handle.and_then(|h| Some((h, pools.select(h, exclude)?)));
     // Spot emptied between the decision and now: Best-Effort is evicted, not failed.
-    if backend.is_none() && pool == Pool::Spot {
+    if picked.is_none() && pool == Pool::Spot {
         pool = Pool::OnDemand;
         ctx.route_reason = Some(Reason::RouteSpotUnhealthy);
-        backend = pools.select(&pools.on_demand, ctx.failed_backend.as_deref());
+        let h = &pools.on_demand;
+        picked = pools.select(h, exclude).map(|b| (h, b));
     }
-    let Some(backend) = backend else {
+    let Some((handle, backend)) = picked else {
         ctx.reason = Some(Reason::BackendUnavailable);
         ctx.label = "error";
         return Error::e_explain(
@@ -37,10 +37,11 @@ pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result
             format!("no healthy backend in pool {}", pool.as_str()),
         );
     };
+    let info = handle.info(&backend);
     ctx.pool = Some(pool);
-    ctx.backend = Some(crate::pools::BackendName::of(&backend));
+    ctx.backend = Some(info.name);
     let limits = &app.config.load().limits;
-    let tls = backend.ext.get::<Arc<UpstreamTls>>().cloned();
+    let tls = info.tls;
     let mut peer = HttpPeer::new(backend, false, String::new());
     if let Some(tls) = tls {
         tls.apply(&mut peer);
