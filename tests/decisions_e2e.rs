@@ -139,11 +139,13 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
     assert_eq!(d[1]["completion_tokens"], 4);
     assert_eq!(d[1]["tenant"], "support-bot");
     assert!(d[1]["overhead_us"].as_f64().unwrap() > 0.0);
-    let log = s.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("\"path\":\"/v1/models\""))
-        .expect("a JSON log line per request");
+    let models_line = |l: &str| l.contains("\"path\":\"/v1/models\"");
+    let log = s
+        .log_when("a JSON log line per request", |log| {
+            log.lines().any(models_line)
+        })
+        .await;
+    let line = log.lines().find(|l| models_line(l)).unwrap();
     let parsed: Value = serde_json::from_str(line).unwrap();
     assert_eq!(parsed["reason"], "endpoint_not_shapeable");
 }

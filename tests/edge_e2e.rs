@@ -600,7 +600,10 @@ async fn client_errors_carry_no_internals() {
     let text = r.text().await.unwrap();
     assert_no_internals(&text, &[&od, &sp]);
     // The log line keeps the detail the client does not get.
-    assert!(s.log().contains("request_failed"), "{}", s.log());
+    s.log_when("the request_failed line", |log| {
+        log.contains("request_failed")
+    })
+    .await;
 }
 
 #[test]

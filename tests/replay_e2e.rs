@@ -409,7 +409,12 @@ async fn jsonl_exports_and_the_request_log_replay_like_the_ledger_in_adaptive_mo
     assert_eq!(exported.len(), sent);
     assert!(exported.iter().all(|r| r["inputs"]["v"] == 1));
     let log = dir.join("requests.jsonl");
-    std::fs::write(&log, s.log()).unwrap();
+    let logged = s
+        .log_when("a line for each request", |log| {
+            log.matches("\"request_id\"").count() >= sent
+        })
+        .await;
+    std::fs::write(&log, logged).unwrap();
 
     let config = dir.join("sluice.yaml");
     let from_ledger = replay_ledger_unchanged(&config, &schema, &since, sent);

@@ -341,6 +341,16 @@ impl Sluice {
         std::fs::read_to_string(self.dir.join("sluice.log")).unwrap_or_default()
     }
 
+    /// The log once `done` holds of it (or `what` times out): lines reach stderr through the
+    /// log writer, up to one poll (10 ms) after the response that wrote them.
+    pub async fn log_when(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        wait_for(Duration::from_secs(5), what, || async {
+            let log = self.log();
+            done(&log).then_some(log)
+        })
+        .await
+    }
+
     pub async fn status(&self) -> Value {
         get_json(&self.url("/status")).await
     }
