@@ -153,11 +153,12 @@ async fn https_serves_the_openai_sdk_and_renews_its_certificate_on_sighup() {
     // A broken file is refused and the certificate in use stays.
     std::fs::write(pki.join("server.pem"), "not a certificate").unwrap();
     hup(s.pid());
-    wait_for(Duration::from_secs(10), "the refused reload", || async {
-        s.log().contains("config_reload_refused").then_some(())
-    })
-    .await;
-    assert!(s.log().contains("listen_tls[0].cert"), "{}", s.log());
+    let log = s
+        .log_when("the refused reload", |log| {
+            log.contains("config_reload_refused")
+        })
+        .await;
+    assert!(log.contains("listen_tls[0].cert"), "{log}");
     assert_eq!(served_serial(port, &ca), want);
     let _ = std::fs::remove_dir_all(&pki);
 }

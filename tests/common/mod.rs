@@ -342,9 +342,10 @@ impl Sluice {
     }
 
     /// The log once `done` holds of it (or `what` times out): lines reach stderr through the
-    /// log writer, up to one poll (10 ms) after the response that wrote them.
+    /// log writer, up to one poll (10 ms) after the response that wrote them, and a reload's
+    /// verdict after the reload has run.
     pub async fn log_when(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
-        wait_for(Duration::from_secs(5), what, || async {
+        wait_for(Duration::from_secs(10), what, || async {
             let log = self.log();
             done(&log).then_some(log)
         })
