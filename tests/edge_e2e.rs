@@ -332,6 +332,37 @@ async fn slow_and_idle_clients_are_disconnected() {
             "idle keep-alive closed after {waited:?}, expected ~1 s"
         );
 
+        // On a kept-alive connection each request's head gets its own header_read_timeout_ms,
+        // counted from its first byte: a second head sent in two parts, 1.1 s after the
+        // connection opened, is served; a third one trickled is cut.
+        let mut c = TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(req).unwrap();
+        let n = c.read(&mut buf).unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        std::thread::sleep(Duration::from_millis(600));
+        c.write_all(b"GET /healthz HTTP/1.1\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        c.write_all(b"Host: x\r\n\r\n").unwrap();
+        let n = c.read(&mut buf).unwrap();
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+            "a second head within its own deadline is served"
+        );
+        let trickle = Instant::now();
+        let mut cut = false;
+        while trickle.elapsed() < Duration::from_secs(3) {
+            if c.write_all(b"X").is_err() {
+                cut = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(
+            cut || closed_within(&mut c, Duration::from_millis(100)),
+            "a trickled head on a kept-alive connection is cut too"
+        );
+
         // A body that stops arriving: the connection is closed after body_read_timeout_ms,
         // small bodies (read ahead by the guard) and large ones (streamed by Pingora) alike.
         for (declared, sent) in [(1000usize, 100usize), (300_000, 100_000)] {
@@ -355,7 +386,8 @@ async fn slow_and_idle_clients_are_disconnected() {
     .unwrap();
     let m = s.metrics().await;
     assert!(m.contains("sluice_edge_timeouts_total{listener="), "{m}");
-    assert!(m.contains("phase=\"header_read\"} 101"), "{m}");
+    // 100 half heads, the slowloris client and the trickled head on a kept-alive connection.
+    assert!(m.contains("phase=\"header_read\"} 102"), "{m}");
 }
 
 #[tokio::test]

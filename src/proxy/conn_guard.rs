@@ -22,11 +22,12 @@ use pingora::protocols::{Stream, ALPN};
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 use serde_json::json;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::{timeout_at, Instant};
+use tokio::time::{sleep_until, timeout_at, Instant, Sleep};
 
 /// A refused connection over the limit is lingered on at most this long: a flood of them must
 /// not hold sockets for the full drain time.
@@ -72,6 +73,22 @@ enum Read {
     Ready(BytesMut),
     Refuse(Refusal),
     Close,
+}
+
+/// A connection's read deadlines, one timer per kind, armed once and moved on per read.
+///
+/// A tokio timer armed while the other worker sleeps in the I/O driver wakes that worker (an
+/// eventfd write, often behind a contended wheel lock): a fresh `timeout_at` per read did so on
+/// most requests, Sluice's main excess of syscalls over bare Pingora. Moving a registered timer
+/// to a later deadline is one atomic store, and each kind's deadline only ever moves later on
+/// one connection, so the wheel is touched about once per deadline period instead.
+struct Deadlines<'a> {
+    /// The next request's first byte on a kept-alive connection.
+    idle: Pin<&'a mut Sleep>,
+    /// The rest of a request's head.
+    head: Pin<&'a mut Sleep>,
+    /// Each gap while a small body is read ahead.
+    body: Pin<&'a mut Sleep>,
 }
 
 enum Stop {
@@ -129,9 +146,22 @@ impl ConnGuard {
     ) {
         let mut accepted = Some(Instant::now());
         let mut settings: Option<HttpPersistentSettings> = None;
+        let (idle, head, body) = (unarmed(), unarmed(), unarmed());
+        tokio::pin!(idle, head, body);
+        let mut deadlines = Deadlines {
+            idle: idle.as_mut(),
+            head: head.as_mut(),
+            body: body.as_mut(),
+        };
         loop {
             let prefix = match self
-                .read_request(&mut stream, limits, accepted.take(), listener)
+                .read_request(
+                    &mut stream,
+                    limits,
+                    accepted.take(),
+                    listener,
+                    &mut deadlines,
+                )
                 .await
             {
                 Read::Ready(prefix) => prefix,
@@ -170,6 +200,7 @@ impl ConnGuard {
         limits: &LimitsConfig,
         accepted: Option<Instant>,
         listener: &Listener,
+        deadlines: &mut Deadlines<'_>,
     ) -> Read {
         let head_limits = HeadLimits {
             max_header_bytes: limits.max_header_bytes,
@@ -182,7 +213,8 @@ impl ConnGuard {
             Some(t) => t + header_timeout,
             None => {
                 let idle = Instant::now() + Duration::from_millis(limits.keepalive_timeout_ms);
-                if self.read_some(stream, &mut buf, idle).await.is_err() {
+                let timer = deadlines.idle.as_mut();
+                if self.read_some(stream, &mut buf, timer, idle).await.is_err() {
                     return Read::Close;
                 }
                 Instant::now() + header_timeout
@@ -193,7 +225,8 @@ impl ConnGuard {
                 HeadVerdict::Complete(head) => break head,
                 HeadVerdict::Refuse(r) => return Read::Refuse(r),
                 HeadVerdict::Incomplete => {
-                    match self.read_some(stream, &mut buf, head_deadline).await {
+                    let timer = deadlines.head.as_mut();
+                    match self.read_some(stream, &mut buf, timer, head_deadline).await {
                         Ok(()) => {}
                         Err(Stop::Timeout) => {
                             self.timed_out(stream, listener, "header_read", buf.len());
@@ -212,7 +245,10 @@ impl ConnGuard {
             Framing::Length(n) if n <= head_check::BODY_LOOKAHEAD as u64 => {
                 let end = head.len + n as usize;
                 while buf.len() < end {
-                    if !self.read_body(stream, listener, &mut buf, body_gap).await {
+                    if !self
+                        .read_body(stream, listener, &mut buf, deadlines, body_gap)
+                        .await
+                    {
                         return Read::Close;
                     }
                 }
@@ -230,7 +266,10 @@ impl ConnGuard {
                         return Read::Ready(buf)
                     }
                     BodyVerdict::Incomplete => {
-                        if !self.read_body(stream, listener, &mut buf, body_gap).await {
+                        if !self
+                            .read_body(stream, listener, &mut buf, deadlines, body_gap)
+                            .await
+                        {
                             return Read::Close;
                         }
                     }
@@ -252,9 +291,14 @@ impl ConnGuard {
         stream: &mut Stream,
         listener: &Listener,
         buf: &mut BytesMut,
+        deadlines: &mut Deadlines<'_>,
         gap: Duration,
     ) -> bool {
-        match self.read_some(stream, buf, Instant::now() + gap).await {
+        let timer = deadlines.body.as_mut();
+        match self
+            .read_some(stream, buf, timer, Instant::now() + gap)
+            .await
+        {
             Ok(()) => true,
             Err(stop) => {
                 if matches!(stop, Stop::Timeout) {
@@ -269,21 +313,26 @@ impl ConnGuard {
         &self,
         stream: &mut Stream,
         buf: &mut BytesMut,
+        mut timer: Pin<&mut Sleep>,
         deadline: Instant,
     ) -> Result<(), Stop> {
         if buf.capacity() - buf.len() < READ_CHUNK / 2 {
             buf.reserve(READ_CHUNK);
         }
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
         let mut stopping = self.stopping.subscribe();
         tokio::select! {
-            // Bytes already sent win over stopping: a request that arrived is served.
+            // Bytes already sent win over the deadline and over stopping: a request that
+            // arrived is served.
             biased;
-            r = timeout_at(deadline, stream.read_buf(buf)) => match r {
-                Ok(Ok(0)) => Err(Stop::Eof),
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(_)) => Err(Stop::Other),
-                Err(_) => Err(Stop::Timeout),
+            r = stream.read_buf(buf) => match r {
+                Ok(0) => Err(Stop::Eof),
+                Ok(_) => Ok(()),
+                Err(_) => Err(Stop::Other),
             },
+            _ = timer => Err(Stop::Timeout),
             _ = stopping.wait_for(|s| *s) => Err(Stop::Other),
         }
     }
@@ -355,6 +404,11 @@ impl ConnGuard {
         }
         linger_drain(&mut stream, limits.refused_body_drain_bytes, deadline).await;
     }
+}
+
+/// A timer not yet armed: tokio registers a `Sleep` with its wheel only when first polled.
+fn unarmed() -> Sleep {
+    sleep_until(Instant::now() + Duration::from_secs(365 * 24 * 3600))
 }
 
 /// Reads and discards what the client still sends, until it closes, `max` bytes or `deadline`.
