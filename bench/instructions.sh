@@ -18,20 +18,10 @@ OUT=${OUT:-/tmp/sluice-callgrind}
 command -v valgrind >/dev/null || { echo "needs valgrind" >&2; exit 1; }
 mkdir -p "$OUT"
 . bench/lib/static_backend.sh
-ledger=("database_url: postgres://postgres@127.0.0.1:5432/test"
-        "ledger: {schema: sluice_instructions, spool_dir: $dir/spool}")
-redis=("redis_url: redis://127.0.0.1:6379" "coordination: {redis_prefix: sluice-instructions}")
+BENCH_NAME=sluice_instructions
 for cfg in $CONFIGS; do
   port=$(free_port)
-  case $cfg in
-    bare) cmd=("$(dirname "$BIN")/sluice-bench" bare-proxy --listen "127.0.0.1:$port"
-               --upstream "127.0.0.1:$backend" --threads=2); ready=/health ;;
-    sluice) sluice_conf "$port" ;;
-    ledger) sluice_conf "$port" "${ledger[@]}" ;;
-    both) sluice_conf "$port" "${ledger[@]}" "${redis[@]}" ;;
-    *) echo "unknown config $cfg" >&2; exit 1 ;;
-  esac
-  [ "$cfg" = bare ] || { cmd=("$BIN" serve --config "$dir/sluice.yaml"); ready=/readyz; }
+  proxy_for "$cfg" "$port"
   env -u RUST_LOG valgrind --tool=callgrind ${VALGRIND_EXTRA:-} --callgrind-out-file="$OUT/$cfg.out" "${cmd[@]}" \
     >/dev/null 2>"$OUT/$cfg.log" &
   spid=$!

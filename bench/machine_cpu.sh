@@ -18,9 +18,7 @@ BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/sluice}
 SECS=$1; C=$2; shift 2
 . bench/lib/static_backend.sh
 tk=$(getconf CLK_TCK)
-ledger=("database_url: postgres://postgres@127.0.0.1:5432/test"
-        "ledger: {schema: sluice_machine_cpu, ${LEDGER_EXTRA:-}spool_dir: $dir/spool}")
-redis=("redis_url: redis://127.0.0.1:6379" "coordination: {redis_prefix: sluice-machine-cpu}")
+BENCH_NAME=sluice_machine_cpu
 extra=()
 [ -n "${EXTRA_YAML:-}" ] && extra+=("$EXTRA_YAML")
 # Ticks of user + system time per command name, summed over its processes.
@@ -42,15 +40,7 @@ idle() { awk '/^cpu / {print $5}' /proc/stat; }
 steal() { awk '/^cpu / {print $9}' /proc/stat; }
 for cfg in "$@"; do
   port=$(free_port)
-  case $cfg in
-    bare) cmd=("$(dirname "$BIN")/sluice-bench" bare-proxy --listen "127.0.0.1:$port"
-               --upstream "127.0.0.1:$backend" --threads=2); ready=/health ;;
-    sluice) sluice_conf "$port" "${extra[@]}" ;;
-    ledger) sluice_conf "$port" "${ledger[@]}" "${extra[@]}" ;;
-    both) sluice_conf "$port" "${ledger[@]}" "${redis[@]}" "${extra[@]}" ;;
-    *) echo "unknown config $cfg" >&2; exit 1 ;;
-  esac
-  [ "$cfg" = bare ] || { cmd=("$BIN" serve --config "$dir/sluice.yaml"); ready=/readyz; }
+  proxy_for "$cfg" "$port" "${extra[@]}"
   if [ -n "${RUSTLOG:-}" ]; then
     env RUST_LOG="$RUSTLOG" "${cmd[@]}" >"$dir/$cfg.out" 2>"$dir/$cfg.log" &
   else

@@ -5,7 +5,7 @@
 # what else the 2-core machine runs: this is how a change to the request path's waits (timers,
 # channels, locks) is checked. `write` on a worker is almost always tokio waking the other
 # worker through its eventfd; `futex` is a worker parking or a contended lock.
-#   bench/syscalls.sh [seconds] [configs: bare sluice]
+#   bench/syscalls.sh [seconds] [configs: bare sluice ledger both]
 # Env: BIN (default target/release/sluice). Needs perf with the syscalls tracepoints (root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,12 +18,7 @@ events=task-clock,context-switches,raw_syscalls:sys_enter
 for s in write futex epoll_wait sendto recvfrom; do events+=",syscalls:sys_enter_$s"; done
 for cfg in $CONFIGS; do
   port=$(free_port)
-  case $cfg in
-    bare) cmd=("$(dirname "$BIN")/sluice-bench" bare-proxy --listen "127.0.0.1:$port"
-               --upstream "127.0.0.1:$backend" --threads=2); ready=/health ;;
-    sluice) sluice_conf "$port"; cmd=("$BIN" serve --config "$dir/sluice.yaml"); ready=/readyz ;;
-    *) echo "unknown config $cfg" >&2; exit 1 ;;
-  esac
+  proxy_for "$cfg" "$port"
   env -u RUST_LOG "${cmd[@]}" >/dev/null 2>"$dir/$cfg.log" &
   spid=$!
   wait_ready "$port" "$ready"; sleep 1

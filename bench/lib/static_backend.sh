@@ -48,6 +48,28 @@ EOF
   for line in "$@"; do printf '%s\n' "$line" >>"$dir/sluice.yaml"; done
 }
 
+# proxy_for CONFIG PORT [extra yaml lines...]: the proxy under test in $cmd (its command line)
+# and $ready (its readiness path): bare (`sluice-bench bare-proxy`, next to $BIN), sluice, ledger
+# (+ the PostgreSQL ledger) or both (+ the ledger and Redis admission); Sluice's config goes to
+# $dir/sluice.yaml. BENCH_NAME names the ledger's schema and the Redis key prefix, so scripts
+# do not share state; LEDGER_EXTRA adds keys to the ledger's map (e.g. "batch_rows: 500, ").
+proxy_for() {
+  local cfg=$1 port=$2; shift 2
+  local name=${BENCH_NAME:-sluice_bench}
+  local ledger=("database_url: postgres://postgres@127.0.0.1:5432/test"
+                "ledger: {schema: $name, ${LEDGER_EXTRA:-}spool_dir: $dir/spool}")
+  local redis=("redis_url: redis://127.0.0.1:6379" "coordination: {redis_prefix: ${name//_/-}}")
+  case $cfg in
+    bare) cmd=("$(dirname "$BIN")/sluice-bench" bare-proxy --listen "127.0.0.1:$port"
+               --upstream "127.0.0.1:$backend" --threads=2); ready=/health; return ;;
+    sluice) sluice_conf "$port" "$@" ;;
+    ledger) sluice_conf "$port" "${ledger[@]}" "$@" ;;
+    both) sluice_conf "$port" "${ledger[@]}" "${redis[@]}" "$@" ;;
+    *) echo "unknown config $cfg" >&2; exit 1 ;;
+  esac
+  cmd=("$BIN" serve --config "$dir/sluice.yaml"); ready=/readyz
+}
+
 # wait_ready PORT PATH
 wait_ready() {
   for _ in $(seq 1 600); do
