@@ -7,6 +7,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY Cargo.toml Cargo.lock rust-toolchain.toml ./
 COPY src ./src
+COPY vendor ./vendor
 COPY conf ./conf
 RUN cargo build --release --locked --bin sluice
 

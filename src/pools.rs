@@ -16,6 +16,7 @@ use pingora::prelude::RoundRobin;
 use pingora::services::background::{background_service, GenBackgroundService};
 use serde::Serialize;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -49,6 +50,12 @@ struct CheckRecord {
 #[derive(Debug, Default)]
 pub struct HealthRegistry {
     records: RwLock<HashMap<BackendKey, CheckRecord>>,
+    /// How many distinct backends the pool set has, known once it is built.
+    expected: std::sync::OnceLock<usize>,
+    /// Every backend has passed a check: `passed_once` never goes back, so from then on a
+    /// request answers it without the lock, whose shared counter both workers' cores would
+    /// otherwise pull back and forth several times a request.
+    all_passed: std::sync::atomic::AtomicBool,
 }
 
 /// Backends are TCP addresses; `Display` only for the rare other kind.
@@ -75,6 +82,12 @@ impl HealthRegistry {
         r.passed_once |= r.last_ok;
         r.last_error = result.as_ref().err().map(|e| e.to_string());
         r.last_check = Some(Instant::now());
+        if r.passed_once && !self.all_passed.load(Ordering::Relaxed) {
+            let passed = map.values().filter(|r| r.passed_once).count();
+            if self.expected.get().is_some_and(|&n| passed >= n) {
+                self.all_passed.store(true, Ordering::Release);
+            }
+        }
     }
 
     fn get(&self, b: &Backend) -> CheckRecord {
@@ -83,6 +96,9 @@ impl HealthRegistry {
     }
 
     fn passed_once(&self, b: &Backend) -> bool {
+        if self.all_passed.load(Ordering::Acquire) {
+            return true;
+        }
         let map = self.records.read().unwrap_or_else(|e| e.into_inner());
         map.get(&BackendKey::of(b)).is_some_and(|r| r.passed_once)
     }
@@ -253,6 +269,18 @@ impl PoolSet {
             registry,
             all_checked: Default::default(),
         };
+        let backends: std::collections::HashSet<BackendKey> = set
+            .all()
+            .flat_map(|h| {
+                h.balancer
+                    .backends()
+                    .get_backend()
+                    .iter()
+                    .map(BackendKey::of)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let _ = set.registry.expected.set(backends.len());
         Ok((Arc::new(set), services))
     }
 
@@ -260,7 +288,6 @@ impl PoolSet {
     /// first milliseconds of a process — right after a binary upgrade, say — would otherwise
     /// find no backend checked yet and get a 503.
     pub async fn first_checks(&self, limit: Duration) {
-        use std::sync::atomic::Ordering;
         if self.all_checked.load(Ordering::Relaxed) {
             return;
         }
@@ -433,4 +460,33 @@ fn http_check(
         t.apply(&mut hc.peer_template);
     }
     Ok(hc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passed_once_holds_per_backend_until_every_backend_has_passed() {
+        let reg = HealthRegistry::default();
+        let _ = reg.expected.set(2);
+        let (a, b) = (
+            Backend::new("127.0.0.1:1").unwrap(),
+            Backend::new("127.0.0.1:2").unwrap(),
+        );
+        let fail: pingora::Result<()> = Err(pingora::Error::new_str("refused"));
+        reg.record(BackendKey::of(&a), &fail);
+        assert!(!reg.passed_once(&a));
+        reg.record(BackendKey::of(&a), &Ok(()));
+        reg.record(BackendKey::of(&a), &fail);
+        assert!(
+            reg.passed_once(&a),
+            "a pass is remembered after a later failure"
+        );
+        assert!(!reg.passed_once(&b), "only the backend that passed");
+        assert!(!reg.all_passed.load(Ordering::Relaxed));
+        reg.record(BackendKey::of(&b), &Ok(()));
+        assert!(reg.all_passed.load(Ordering::Relaxed));
+        assert!(reg.passed_once(&a) && reg.passed_once(&b));
+    }
 }

@@ -17,7 +17,9 @@ pub fn upstream_request_filter(req: &mut RequestHeader, ctx: &mut Ctx) -> Result
         // Length unknown until the rewrite: Pingora frames it chunked for HTTP/1.1 upstreams.
         req.remove_header("content-length");
     }
-    req.insert_header("x-request-id", &ctx.request_id)?;
+    let id = http::HeaderValue::from_str(&ctx.request_id)
+        .or_err(pingora::ErrorType::InvalidHTTPHeader, "request id")?;
+    req.insert_header_static("x-request-id", id);
     Ok(())
 }
 

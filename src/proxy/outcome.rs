@@ -87,9 +87,76 @@ fn usage_near_end(body: &[u8]) -> Option<(Option<u64>, Option<u64>)> {
     let at = body.windows(KEY.len()).rposition(|w| w == KEY)?;
     let rest = &body[at + KEY.len()..];
     let value = rest.trim_ascii_start().strip_prefix(b":")?;
+    if let Some(counts) = flat_usage(value) {
+        return Some(counts);
+    }
     let mut de = serde_json::Deserializer::from_slice(value);
     let u = <Option<Usage> as serde::Deserialize>::deserialize(&mut de).ok()??;
     Some(u.counts())
+}
+
+/// The usage value as vLLM writes it — `null`, or one flat object of whole counts and nulls
+/// (`prompt_tokens_details: null`) — read without serde (~1.6k instructions a request there).
+/// `None` for any other shape (a nested object, a string, a fraction, a repeated key), which
+/// the caller hands to serde.
+fn flat_usage(value: &[u8]) -> Option<(Option<u64>, Option<u64>)> {
+    let mut rest = value.trim_ascii_start();
+    if rest.starts_with(b"null") {
+        return Some((None, None));
+    }
+    rest = rest.strip_prefix(b"{")?.trim_ascii_start();
+    let (mut prompt, mut completion) = (None, None);
+    let (mut seen_prompt, mut seen_completion) = (false, false);
+    if rest.starts_with(b"}") {
+        return Some((None, None));
+    }
+    loop {
+        rest = rest.strip_prefix(b"\"")?;
+        let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
+        if rest[end] != b'"' {
+            return None;
+        }
+        let key = &rest[..end];
+        rest = rest[end + 1..]
+            .trim_ascii_start()
+            .strip_prefix(b":")?
+            .trim_ascii_start();
+        let count = if let Some(after) = rest.strip_prefix(b"null") {
+            rest = after;
+            None
+        } else {
+            let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+            if digits == 0 || digits > 19 {
+                return None;
+            }
+            let n = std::str::from_utf8(&rest[..digits])
+                .ok()?
+                .parse::<u64>()
+                .ok()?;
+            rest = &rest[digits..];
+            if matches!(rest.first(), Some(b'.' | b'e' | b'E')) {
+                return None;
+            }
+            Some(n)
+        };
+        let slot = match key {
+            b"prompt_tokens" => Some((&mut prompt, &mut seen_prompt)),
+            b"completion_tokens" => Some((&mut completion, &mut seen_completion)),
+            _ => None,
+        };
+        if let Some((value, seen)) = slot {
+            if std::mem::replace(seen, true) {
+                return None;
+            }
+            *value = count;
+        }
+        rest = rest.trim_ascii_start();
+        match rest.first()? {
+            b',' => rest = rest[1..].trim_ascii_start(),
+            b'}' => return Some((prompt, completion)),
+            _ => return None,
+        }
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -335,27 +402,18 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
             .settle(&record.tenant, ticket, proxied, completion_tokens);
     }
     let m = &app.metrics;
-    m.decisions
-        .with_label_values(&[tier_name, label, reason])
-        .inc();
+    m.count_decision(tier_name, label, reason);
     if proxied {
-        m.request_duration
-            .with_label_values(&[tier_name, label])
-            .observe(latency.as_secs_f64());
+        m.observe_duration(tier_name, label, latency.as_secs_f64());
         if let Some(t) = ttfb {
-            m.ttfb
-                .with_label_values(&[tier_name, label])
-                .observe(t.as_secs_f64());
+            m.observe_ttfb(tier_name, label, t.as_secs_f64());
         }
         if let Some(o) = ctx.overhead {
-            m.overhead
-                .with_label_values(&[tier_name])
-                .observe(o.as_secs_f64());
+            m.observe_overhead(tier_name, o.as_secs_f64());
         }
     }
     if let Some(violated) = record.sla_violated {
-        let outcome = if violated { "violated" } else { "met" };
-        m.sla.with_label_values(&[tier_name, outcome]).inc();
+        m.count_sla(tier_name, if violated { "violated" } else { "met" });
     }
     let cfg = app.config.load();
     let metrics_cfg = &cfg.metrics;
@@ -494,5 +552,39 @@ mod tests {
             (Some(1), Some(3))
         );
         assert_eq!(usage_of(br#"{"usage":{"prompt_tok"#, false), (None, None));
+    }
+
+    /// The flat reader and serde agree on every shape either reads; what the flat one declines
+    /// serde still reads.
+    #[test]
+    fn flat_usage_agrees_with_serde() {
+        let serde_read = |v: &[u8]| {
+            let u: Option<super::Usage> = serde_json::from_slice(v).ok()?;
+            Some(u.map_or((None, None), super::Usage::counts))
+        };
+        for v in [
+            &br#"null"#[..],
+            br#"{}"#,
+            br#"{"prompt_tokens":5,"total_tokens":12,"completion_tokens":7}"#,
+            br#" { "prompt_tokens" : 5 , "completion_tokens" : null , "prompt_tokens_details" : null } "#,
+            br#"{"completion_tokens":18446744073709551615}"#,
+            br#"{"prompt_tokens":1.5,"completion_tokens":2}"#,
+            br#"{"prompt_tokens":-1,"completion_tokens":2}"#,
+            br#"{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":2},"completion_tokens":4}"#,
+            br#"{"prompt_tokens":"3","completion_tokens":4}"#,
+            br#"{"prompt_tokens":3,"prompt_tokens":4}"#,
+            br#"{"prompt_tokens":3,"completion_tokens":4"#,
+            br#"{"pro\"mpt_tokens":3}"#,
+            br#"{"prompt_tokens":1e3}"#,
+        ] {
+            if let Some(flat) = super::flat_usage(v) {
+                assert_eq!(Some(flat), serde_read(v), "{}", String::from_utf8_lossy(v));
+            }
+        }
+        assert!(super::flat_usage(br#"{"prompt_tokens":3,"completion_tokens":4}"#).is_some());
+        let nested = br#"{"prompt_tokens_details":{"cached_tokens":2},"prompt_tokens":3,"completion_tokens":4}"#;
+        assert_eq!(super::flat_usage(nested), None);
+        let body = [&br#"{"usage":"#[..], nested, b"}"].concat();
+        assert_eq!(usage_of(&body, false), (Some(3), Some(4)));
     }
 }

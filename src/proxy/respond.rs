@@ -30,8 +30,13 @@ pub fn error_body(kind: &str, code: &str, reason: Reason, message: &str) -> serd
 
 /// Sets the decision headers on any response Sluice forwards or makes.
 pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
+    // Named statically (no parse or copy of each name: ~4k instructions a response through
+    // `insert_header`), and room made once for all of them.
+    resp.reserve_headers(6);
     if !ctx.request_id.is_empty() {
-        resp.insert_header("x-request-id", &ctx.request_id)?;
+        let id = HeaderValue::from_str(&ctx.request_id)
+            .or_err(pingora::ErrorType::InvalidHTTPHeader, "request id")?;
+        resp.insert_header_static("x-request-id", id);
     }
     if ctx.ops {
         return Ok(());
@@ -39,25 +44,24 @@ pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
     // Static values need no copy or validation per response.
     let fixed = HeaderValue::from_static;
     if !ctx.label.is_empty() {
-        resp.insert_header("x-sluice-decision", fixed(ctx.label))?;
+        resp.insert_header_static("x-sluice-decision", fixed(ctx.label));
     }
     if let Some(r) = ctx.reason {
-        resp.insert_header("x-sluice-reason", fixed(r.as_str()))?;
+        resp.insert_header_static("x-sluice-reason", fixed(r.as_str()));
     }
     if let Some(id) = &ctx.identity {
-        resp.insert_header("x-sluice-tier", fixed(id.tier.as_str()))?;
+        resp.insert_header_static("x-sluice-tier", fixed(id.tier.as_str()));
     }
     for (name, value) in ctx.quota.iter().flat_map(|q| q.headers()) {
         resp.insert_header(name, value)?;
     }
     if let (Some(pool), Some(_)) = (ctx.pool, &ctx.backend) {
-        resp.insert_header("x-sluice-pool", fixed(pool.as_str()))?;
+        resp.insert_header_static("x-sluice-pool", fixed(pool.as_str()));
     }
     if let Some(q) = ctx.queued_for {
-        resp.insert_header(
-            "x-sluice-queue-wait-ms",
-            format!("{:.1}", q.as_secs_f64() * 1000.0),
-        )?;
+        let wait = HeaderValue::from_str(&format!("{:.1}", q.as_secs_f64() * 1000.0))
+            .or_err(pingora::ErrorType::InvalidHTTPHeader, "queue wait")?;
+        resp.insert_header_static("x-sluice-queue-wait-ms", wait);
     }
     Ok(())
 }
