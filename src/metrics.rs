@@ -187,7 +187,8 @@ impl Metrics {
 /// the vector's lock and clones the child's `Arc`: ~190 instructions and four atomic
 /// read-modify-writes on cache lines both workers' cores share, five times a request. Here each
 /// thread keeps the children it has resolved, keyed by the label values' addresses (a static
-/// string keeps its address), so a request only updates the child itself.
+/// string keeps its address), so a request only updates the child itself. Nothing removes a
+/// child of these vectors (a removed one would live on in the caches, updated unseen).
 impl Metrics {
     pub fn count_decision(&self, tier: &'static str, label: &'static str, reason: &'static str) {
         request_path::counter(self.id, 0, &self.decisions, [tier, label, reason], |c| {
