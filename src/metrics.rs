@@ -191,48 +191,55 @@ impl Metrics {
 /// child of these vectors (a removed one would live on in the caches, updated unseen).
 impl Metrics {
     pub fn count_decision(&self, tier: &'static str, label: &'static str, reason: &'static str) {
-        request_path::counter(self.id, 0, &self.decisions, [tier, label, reason], |c| {
+        let labels = [tier, label, reason];
+        request_path::with_child(&COUNTERS, (self.id, 0), &self.decisions, labels, |c| {
             c.inc()
         });
     }
 
     pub fn count_sla(&self, tier: &'static str, outcome: &'static str) {
-        request_path::counter(self.id, 1, &self.sla, [tier, outcome, ""], |c| c.inc());
+        let labels = [tier, outcome, ""];
+        request_path::with_child(&COUNTERS, (self.id, 1), &self.sla, labels, |c| c.inc());
     }
 
     pub fn observe_duration(&self, tier: &'static str, label: &'static str, secs: f64) {
-        let v = &self.request_duration;
-        request_path::histogram(self.id, 0, v, [tier, label, ""], |h| h.observe(secs));
+        let (v, labels) = (&self.request_duration, [tier, label, ""]);
+        request_path::with_child(&HISTOGRAMS, (self.id, 0), v, labels, |h| h.observe(secs));
     }
 
     pub fn observe_ttfb(&self, tier: &'static str, label: &'static str, secs: f64) {
-        request_path::histogram(self.id, 1, &self.ttfb, [tier, label, ""], |h| {
+        let labels = [tier, label, ""];
+        request_path::with_child(&HISTOGRAMS, (self.id, 1), &self.ttfb, labels, |h| {
             h.observe(secs)
         });
     }
 
     pub fn observe_overhead(&self, tier: &'static str, secs: f64) {
-        request_path::histogram(self.id, 2, &self.overhead, [tier, "", ""], |h| {
+        let labels = [tier, "", ""];
+        request_path::with_child(&HISTOGRAMS, (self.id, 2), &self.overhead, labels, |h| {
             h.observe(secs)
         });
     }
 }
 
+use request_path::{COUNTERS, HISTOGRAMS};
+
 mod request_path {
     use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
-    use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
+    use prometheus::{Histogram, IntCounter};
     use std::cell::RefCell;
     use std::collections::HashMap;
     use std::hash::{BuildHasherDefault, Hasher};
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::thread::LocalKey;
 
     /// Registry id, metric tag, and each label value's (address, length); unused labels "".
     type Key = (usize, u8, [(usize, usize); 3]);
-    type Cache<M> = RefCell<HashMap<Key, M, BuildHasherDefault<Fx>>>;
+    pub type Cache<M> = RefCell<HashMap<Key, M, BuildHasherDefault<Fx>>>;
 
     thread_local! {
-        static COUNTERS: Cache<IntCounter> = RefCell::default();
-        static HISTOGRAMS: Cache<Histogram> = RefCell::default();
+        pub static COUNTERS: Cache<IntCounter> = RefCell::default();
+        pub static HISTOGRAMS: Cache<Histogram> = RefCell::default();
     }
 
     static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
@@ -241,42 +248,24 @@ mod request_path {
         NEXT_ID.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub fn counter(
-        id: usize,
-        tag: u8,
-        vec: &IntCounterVec,
-        labels: [&'static str; 3],
-        f: impl FnOnce(&IntCounter),
-    ) {
-        COUNTERS.with(|c| lookup(c, id, tag, vec, labels, f));
-    }
-
-    pub fn histogram(
-        id: usize,
-        tag: u8,
-        vec: &HistogramVec,
-        labels: [&'static str; 3],
-        f: impl FnOnce(&Histogram),
-    ) {
-        HISTOGRAMS.with(|c| lookup(c, id, tag, vec, labels, f));
-    }
-
-    fn lookup<T: MetricVecBuilder>(
-        cache: &Cache<T::M>,
-        id: usize,
-        tag: u8,
+    /// Runs `f` on `vec`'s child for `labels`, resolved once per thread into `cache`.
+    pub fn with_child<T: MetricVecBuilder>(
+        cache: &'static LocalKey<Cache<T::M>>,
+        (id, tag): (usize, u8),
         vec: &MetricVec<T>,
         labels: [&'static str; 3],
         f: impl FnOnce(&T::M),
     ) {
         let key = (id, tag, labels.map(|l| (l.as_ptr() as usize, l.len())));
-        let mut cache = cache.borrow_mut();
-        let child = cache.entry(key).or_insert_with(|| {
-            // The vector's own label count: the unused trailing "" are not its labels.
-            let n = vec.desc()[0].variable_labels.len();
-            vec.with_label_values(&labels[..n])
+        cache.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            let child = cache.entry(key).or_insert_with(|| {
+                // The vector's own label count: the unused trailing "" are not its labels.
+                let n = vec.desc()[0].variable_labels.len();
+                vec.with_label_values(&labels[..n])
+            });
+            f(child);
         });
-        f(child);
     }
 
     /// Multiply-rotate hashing of a few words (rustc's FxHash): the keys are addresses, not
