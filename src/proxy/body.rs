@@ -17,9 +17,7 @@ pub fn upstream_request_filter(req: &mut RequestHeader, ctx: &mut Ctx) -> Result
         // Length unknown until the rewrite: Pingora frames it chunked for HTTP/1.1 upstreams.
         req.remove_header("content-length");
     }
-    let id = http::HeaderValue::from_str(&ctx.request_id)
-        .or_err(pingora::ErrorType::InvalidHTTPHeader, "request id")?;
-    req.insert_header_static("x-request-id", id);
+    req.insert_header_static("x-request-id", super::respond::request_id_value(ctx)?);
     Ok(())
 }
 

@@ -28,15 +28,19 @@ pub fn error_body(kind: &str, code: &str, reason: Reason, message: &str) -> serd
     json!({"error": {"type": kind, "code": code, "reason": reason.as_str(), "message": message}})
 }
 
+/// The request id as a header value, for the response and the upstream request.
+pub fn request_id_value(ctx: &Ctx) -> Result<HeaderValue> {
+    HeaderValue::from_str(&ctx.request_id)
+        .or_err(pingora::ErrorType::InvalidHTTPHeader, "request id")
+}
+
 /// Sets the decision headers on any response Sluice forwards or makes.
 pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
     // Named statically (no parse or copy of each name: ~4k instructions a response through
     // `insert_header`), and room made once for all of them.
     resp.reserve_headers(6);
     if !ctx.request_id.is_empty() {
-        let id = HeaderValue::from_str(&ctx.request_id)
-            .or_err(pingora::ErrorType::InvalidHTTPHeader, "request id")?;
-        resp.insert_header_static("x-request-id", id);
+        resp.insert_header_static("x-request-id", request_id_value(ctx)?);
     }
     if ctx.ops {
         return Ok(());
