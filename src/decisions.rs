@@ -68,11 +68,11 @@ pub struct DecisionRecord {
     pub request_id: String,
     /// Unix time in milliseconds.
     pub received_at_ms: u64,
-    pub replica: String,
+    pub replica: Text,
     pub tenant: String,
     pub tier: Text,
     pub method: Text,
-    pub path: String,
+    pub path: Text,
     /// pass, degrade, queue, fallback, reject, or error (Sluice could not proxy).
     pub decision: Text,
     pub reason: Text,

@@ -87,7 +87,7 @@ pub fn build(
         sinks: ledger.sinks,
         query: ledger.query,
         id_prefix: crate::proxy::admit::id_prefix(&replica),
-        replica,
+        replica: Box::leak(replica.into_boxed_str()),
         started: Instant::now(),
         active: Arc::default(),
         draining: tokio::sync::watch::channel(false).0,

@@ -9,7 +9,9 @@
 
 use super::write_str;
 use crate::decisions::DecisionRecord;
-use crate::replay::input::{Code, Decided, Facts, PolicyInputs, PoolRead, TierRead};
+use crate::replay::input::{
+    Code, Decided, Facts, PolicyInputs, PoolRead, RulesFingerprint, TierRead,
+};
 use serde_json::ser::{CompactFormatter, Formatter};
 
 /// `,"name":` as one constant.
@@ -228,6 +230,30 @@ fn inputs(out: &mut Vec<u8>, i: &PolicyInputs, form: Form) {
     o.u64(key!("sample_ms"), i.sample_ms);
     o.u64(key!("epoch_ms"), i.epoch_ms);
     facts(o.key(key!("facts")), &i.facts, form);
+    let shared = SampleShared::of(i, form);
+    SAMPLE_BYTES.with_borrow_mut(|(last, bytes)| {
+        if last.as_ref() != Some(&shared) {
+            bytes.clear();
+            sample_shared(bytes, i, form);
+            *last = Some(shared);
+        }
+        o.out.extend_from_slice(bytes);
+    });
+    decided(o.key(key!("decided")), &i.decided, form);
+    o.close();
+}
+
+/// The fields between `facts` and `decided`, each with its leading comma and key: what the
+/// policy sample and the request's tier decide, so every request of one sample and tier writes
+/// the same bytes. Written once per sample and tier on each thread instead of once a request
+/// (~2k instructions a record: six floats, four codes, the keys).
+fn sample_shared(out: &mut Vec<u8>, i: &PolicyInputs, form: Form) {
+    // Never the first field, so each key below keeps its comma.
+    let mut o = Obj {
+        out,
+        empty: false,
+        form,
+    };
     tier_read(o.key(key!("tier_state")), &i.tier_state, form);
     o.bool(key!("fallback_active"), i.fallback_active);
     let pools = o.key(key!("pools"));
@@ -241,8 +267,49 @@ fn inputs(out: &mut Vec<u8>, i: &PolicyInputs, form: Form) {
     r.u64(key!("fallback"), u64::from(i.rules.fallback));
     r.u64(key!("controller"), u64::from(i.rules.controller));
     r.close();
-    decided(o.key(key!("decided")), &i.decided, form);
-    o.close();
+}
+
+std::thread_local! {
+    /// The last [`sample_shared`] written on this thread, and its bytes.
+    static SAMPLE_BYTES: std::cell::RefCell<(Option<SampleShared>, Vec<u8>)> =
+        const { std::cell::RefCell::new((None, Vec::new())) };
+}
+
+/// What [`sample_shared`] writes, floats compared bit for bit: `-0.0 == 0.0`, but the two are
+/// written differently.
+#[derive(PartialEq)]
+struct SampleShared {
+    packed: bool,
+    tier_state: TierRead,
+    fallback_active: bool,
+    /// Each pool's optional floats and level as bits, and its `saturated`.
+    pools: [([Option<u64>; 5], bool); 2],
+    rules: RulesFingerprint,
+}
+
+impl SampleShared {
+    fn of(i: &PolicyInputs, form: Form) -> Self {
+        let bits = |v: Option<f64>| v.map(f64::to_bits);
+        let pool = |p: &PoolRead| {
+            (
+                [
+                    bits(p.pressure),
+                    bits(p.queue_depth),
+                    bits(p.sla_violation_rate),
+                    Some(p.level.to_bits()),
+                    bits(p.work_limit),
+                ],
+                p.saturated,
+            )
+        };
+        SampleShared {
+            packed: form == Form::Packed,
+            tier_state: i.tier_state,
+            fallback_active: i.fallback_active,
+            pools: [pool(&i.pools[0]), pool(&i.pools[1])],
+            rules: i.rules,
+        }
+    }
 }
 
 fn facts(out: &mut Vec<u8>, f: &Facts, form: Form) {
@@ -306,7 +373,7 @@ fn decided(out: &mut Vec<u8>, d: &Decided, form: Form) {
 mod tests {
     use super::*;
     use crate::decisions::SignalsUsed;
-    use crate::policy::Pool;
+    use crate::policy::{Pool, Tier};
 
     /// The object form, which must be what serde_json writes: the packed form shares its code.
     fn write_record(out: &mut Vec<u8>, r: &DecisionRecord) {
@@ -448,6 +515,50 @@ mod tests {
                 serde_json::to_string(&i).unwrap(),
                 "fields set: {set}"
             );
+        }
+    }
+
+    /// The sample's part of the inputs is kept per thread between records: a record whose
+    /// sample differs in any one field, a float's sign or an option's presence included, must
+    /// still be written as itself, in both forms, interleaved.
+    #[test]
+    fn consecutive_inputs_of_differing_samples_are_each_written_as_themselves() {
+        let base = inputs_with_optionals(true, [1.0, 2.0]);
+        let mut variants = vec![base];
+        let mut add = |f: &dyn Fn(&mut PolicyInputs)| {
+            let mut i = base;
+            f(&mut i);
+            variants.push(i);
+        };
+        add(&|i| i.pools[1].level = 1.0);
+        add(&|i| i.pools[0].pressure = Some(-0.0));
+        add(&|i| i.pools[0].pressure = Some(0.0));
+        add(&|i| i.pools[0].work_limit = None);
+        add(&|i| i.pools[1].queue_depth = None);
+        add(&|i| i.pools[1].saturated = false);
+        add(&|i| i.pools[0].sla_violation_rate = Some(0.5));
+        add(&|i| i.fallback_active = !i.fallback_active);
+        add(&|i| i.tier_state.fail_open = !i.tier_state.fail_open);
+        add(&|i| i.rules.controller ^= 1);
+        add(&|i| i.facts.tier = Tier::BestEffort);
+        for round in 0..2 {
+            for (n, i) in variants.iter().chain(variants.iter().rev()).enumerate() {
+                let mut out = Vec::new();
+                write_inputs(&mut out, i);
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    serde_json::to_string(i).unwrap(),
+                    "round {round}, variant {n}"
+                );
+                let mut packed = Vec::new();
+                write_inputs_packed(&mut packed, i);
+                let back: PolicyInputs = serde_json::from_slice(&packed).unwrap();
+                assert_eq!(
+                    format!("{back:?}"),
+                    format!("{i:?}"),
+                    "round {round}, variant {n}"
+                );
+            }
         }
     }
 

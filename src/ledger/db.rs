@@ -438,11 +438,11 @@ pub(super) fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
     Ok(LedgerRow {
         request_id: r.try_get("request_id")?,
         received_at_ms: r.try_get::<_, i64>("received_at_ms")?.max(0) as u64,
-        replica: r.try_get("replica")?,
+        replica: r.try_get::<_, String>("replica")?.into(),
         tenant: r.try_get("tenant")?,
         tier: r.try_get::<_, String>("tier")?.into(),
         method: r.try_get::<_, String>("method")?.into(),
-        path: r.try_get("path")?,
+        path: r.try_get::<_, String>("path")?.into(),
         decision: r.try_get::<_, String>("decision")?.into(),
         reason: r.try_get::<_, String>("reason")?.into(),
         state: r.try_get::<_, String>("state")?.into(),

@@ -47,11 +47,11 @@ pub fn sanitized(r: &DecisionRecord) -> LedgerRow {
         LedgerRow {
             request_id: text(&r.request_id),
             received_at_ms: r.received_at_ms,
-            replica: text(&r.replica),
+            replica: name(&r.replica),
             tenant: text(&r.tenant),
             tier: name(&r.tier),
             method: name(&r.method),
-            path: text(&r.path),
+            path: name(&r.path),
             decision: name(&r.decision),
             reason: name(&r.reason),
             state: name(&r.state),

@@ -51,7 +51,8 @@ pub struct App {
     pub sinks: Vec<Arc<dyn DecisionSink>>,
     /// Answers `/decisions/recent` from durable storage when configured; else the ring.
     pub query: Option<Arc<dyn DecisionQuery>>,
-    pub replica: String,
+    /// Leaked once at start-up: every record borrows it instead of copying it.
+    pub replica: &'static str,
     /// Generated request ids start with this ([`admit::id_prefix`]).
     pub id_prefix: String,
     pub started: Instant,

@@ -172,6 +172,15 @@ impl Usage {
     }
 }
 
+/// The completions endpoints borrowed (no allocation per record), any other path copied.
+fn path_text(path: &str) -> crate::decisions::Text {
+    match path {
+        "/v1/chat/completions" => "/v1/chat/completions".into(),
+        "/v1/completions" => "/v1/completions".into(),
+        p => p.to_string().into(),
+    }
+}
+
 /// The standard methods as static names (no allocation per record), others as sent.
 fn method_name(m: &http::Method) -> crate::decisions::Text {
     match m.as_str() {
@@ -347,7 +356,7 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
     let mut record = DecisionRecord {
         request_id: std::mem::take(&mut ctx.request_id),
         received_at_ms: ctx.received_at_ms,
-        replica: app.replica.clone(),
+        replica: app.replica.into(),
         // Taken, not cloned (one allocation each per request): nothing reads them after this.
         tenant: ctx
             .identity
@@ -356,7 +365,7 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
             .unwrap_or_default(),
         tier: tier_name.into(),
         method: method_name(&req.method),
-        path: req.uri.path().to_string(),
+        path: path_text(req.uri.path()),
         decision: label.into(),
         reason: reason.into(),
         state: ctx

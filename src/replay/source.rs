@@ -73,7 +73,7 @@ pub fn item_of(r: DecisionRecord, skipped: &mut Skipped) -> Option<Item> {
         sla_target_ms: r.sla_target_ms,
         request_id: r.request_id,
         received_at_ms: r.received_at_ms,
-        replica: r.replica,
+        replica: r.replica.into_owned(),
         tenant: r.tenant,
         tier: inputs.facts.tier,
         inputs,
