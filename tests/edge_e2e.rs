@@ -182,6 +182,45 @@ async fn framing_attacks_get_one_json_400_and_never_reach_a_backend() {
     assert_eq!(backend_requests(&[&od, &sp]).await, 1);
 }
 
+/// Sluice writes HTTP/1 header names in canonical case, whatever case the backend used: the
+/// standard ones title-cased, its own and other names lowercase (README, "Header names").
+#[tokio::test]
+async fn proxied_responses_carry_header_names_in_canonical_case() {
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b", &[]).await;
+    let s = serve(&config(&[&od.addr], &[&sp.addr])).await;
+    let addr = s.addr.clone();
+    let raw = tokio::task::spawn_blocking(move || {
+        let body =
+            r#"{"model":"llama-3-70b","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
+        let req = format!(
+            "{CHAT}Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        exchange(&addr, req.as_bytes(), Duration::from_secs(10))
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let head = text.split_once("\r\n\r\n").map_or(&*text, |(h, _)| h);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let names: Vec<&str> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':').map(|(n, _)| n))
+        .collect();
+    // The simulator sends `content-type` in lowercase.
+    assert!(names.contains(&"Content-Type"), "{names:?}");
+    for ours in [
+        "x-request-id",
+        "x-sluice-decision",
+        "x-sluice-tier",
+        "x-sluice-pool",
+    ] {
+        assert!(names.contains(&ours), "{ours} in {names:?}");
+    }
+}
+
 #[tokio::test]
 async fn header_limits_answer_in_json() {
     let od = sim("llama-3-70b", &[]).await;

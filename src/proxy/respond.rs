@@ -36,6 +36,10 @@ pub fn request_id_value(ctx: &Ctx) -> Result<HeaderValue> {
 
 /// Sets the decision headers on any response Sluice forwards or makes.
 pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
+    // Header names go out in canonical case (standard ones title-cased, others lowercase), as
+    // Envoy writes HTTP/1: each insert below then touches one map instead of two, and names are
+    // case-insensitive to every client (HTTP/2 has only lowercase ones).
+    resp.drop_header_case();
     // Named statically (no parse or copy of each name: ~4k instructions a response through
     // `insert_header`), and room made once for all of them.
     resp.reserve_headers(6);

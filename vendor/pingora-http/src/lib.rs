@@ -157,6 +157,12 @@ impl RequestHeader {
             value,
         )
     }
+
+    /// Forgets the original case of the header names, as [`ResponseHeader::drop_header_case`]
+    /// does. (Sluice patch)
+    pub fn drop_header_case(&mut self) {
+        self.header_name_map = None;
+    }
     fn new_no_case(size_hint: Option<usize>) -> Self {
         let mut base = ReqBuilder::new().body(()).unwrap().into_parts().0;
         base.headers.reserve(http_header_map_upper_bound(size_hint));
@@ -524,6 +530,13 @@ impl ResponseHeader {
             name,
             value,
         )
+    }
+
+    /// Forgets the original case of the header names: from here on nothing is inserted into
+    /// the case map, and HTTP/1 writes standard names in title case and others in lowercase.
+    /// (Sluice patch)
+    pub fn drop_header_case(&mut self) {
+        self.header_name_map = None;
     }
 
     /// Room for `additional` more headers in the value map and the case map, so adding
