@@ -77,6 +77,9 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     ctx.request_id = request_id(app, session);
+    // Upstream, names go in canonical case (see `respond::decision_headers`); dropped here,
+    // before Pingora copies the request header for the upstream, so only one map is copied.
+    session.req_header_mut().drop_header_case();
     if crate::ops::is_ops_path(session.req_header().uri.path()) {
         ctx.ops = true;
         crate::ops::handle(app, session, ctx).await?;
@@ -264,14 +267,25 @@ fn declared_length(app: &App, session: &Session) -> std::result::Result<Option<u
 /// their rewrite) still go upstream.
 async fn preread(session: &mut Session) -> Step<Bytes> {
     session.enable_retry_buffering();
+    // Usually the whole body is one chunk (the guard read it ahead): kept as it is, not copied.
+    let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
     while let Some(chunk) = session.read_request_body().await? {
-        buf.extend_from_slice(&chunk);
-        if buf.len() > PREREAD_MAX {
+        match first.take() {
+            None if buf.is_empty() => first = Some(chunk),
+            earlier => {
+                if let Some(e) = earlier {
+                    buf.extend_from_slice(&e);
+                }
+                buf.extend_from_slice(&chunk);
+            }
+        }
+        if first.as_ref().map_or(buf.len(), Bytes::len) > PREREAD_MAX {
             break;
         }
     }
-    if session.retry_buffer_truncated() || buf.len() > PREREAD_MAX {
+    let len = first.as_ref().map_or(buf.len(), Bytes::len);
+    if session.retry_buffer_truncated() || len > PREREAD_MAX {
         let msg = "body longer than its Content-Length";
         return Ok(Err(Refusal::request_error(
             413,
@@ -280,7 +294,7 @@ async fn preread(session: &mut Session) -> Step<Bytes> {
             msg,
         )));
     }
-    Ok(Ok(buf.freeze()))
+    Ok(Ok(first.unwrap_or_else(|| buf.freeze())))
 }
 
 /// The policy decision against the latest published state.

@@ -10,8 +10,6 @@ use pingora::http::RequestHeader;
 use pingora::prelude::*;
 
 pub fn upstream_request_filter(req: &mut RequestHeader, ctx: &mut Ctx) -> Result<()> {
-    // Canonical case upstream too (see `respond::decision_headers`).
-    req.drop_header_case();
     if let Some(b) = &ctx.new_body {
         req.insert_header("content-length", b.len().to_string())?;
         req.remove_header("transfer-encoding");
