@@ -187,10 +187,9 @@ fn request_line_version(line: &[u8]) -> Result<bool, Refusal> {
 }
 
 fn bare_lf(fields: &[u8]) -> bool {
-    fields
-        .iter()
-        .enumerate()
-        .any(|(i, &b)| b == b'\n' && (i == 0 || fields[i - 1] != b'\r'))
+    // memchr jumps from line end to line end; a byte-by-byte scan of every head was ~0.5k
+    // instructions a request.
+    memchr::memchr_iter(b'\n', fields).any(|i| i == 0 || fields[i - 1] != b'\r')
 }
 
 fn framing(fields: &[httparse::Header<'_>], http10: bool) -> Result<(Framing, bool), Refusal> {
@@ -403,6 +402,8 @@ mod tests {
             "POST / HTTP/1.1\r\nX: a\0b\r\n\r\n",
             "POST / HTTP/1.1\r\nX: a\rb\r\n\r\n",
             "POST / HTTP/1.1\r\nX: a\nY: b\r\n\r\n",
+            "POST / HTTP/1.1\r\nX: a\r\n\n",
+            "POST / HTTP/1.1\r\n\nX: a\r\n\r\n",
             "POST / HTTP/1.1\nX: a\r\n\r\n",
             "POST / HTTP/2.0\r\n\r\n",
             "POST /\0 HTTP/1.1\r\n\r\n",
