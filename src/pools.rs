@@ -16,7 +16,7 @@ use pingora::prelude::RoundRobin;
 use pingora::services::background::{background_service, GenBackgroundService};
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,10 @@ pub struct HealthRegistry {
     /// request answers it without the lock, whose shared counter both workers' cores would
     /// otherwise pull back and forth several times a request.
     all_passed: std::sync::atomic::AtomicBool,
+    /// Bumped after anything that can change whether a backend is usable: a backend's first
+    /// pass, and every flip of Pingora's health (reported after the flip is stored). The
+    /// pools' cached answers are valid for one value of it.
+    generation: AtomicU64,
 }
 
 /// Backends are TCP addresses; `Display` only for the rare other kind.
@@ -79,7 +83,11 @@ impl HealthRegistry {
         let mut map = self.records.write().unwrap_or_else(|e| e.into_inner());
         let r = map.entry(key).or_default();
         r.last_ok = result.is_ok();
+        let first_pass = r.last_ok && !r.passed_once;
         r.passed_once |= r.last_ok;
+        if first_pass {
+            self.generation.fetch_add(1, Ordering::Release);
+        }
         r.last_error = result.as_ref().err().map(|e| e.to_string());
         r.last_check = Some(Instant::now());
         if r.passed_once && !self.all_passed.load(Ordering::Relaxed) {
@@ -135,6 +143,7 @@ impl HealthCheck for RecordingCheck {
     }
 
     async fn health_status_change(&self, target: &Backend, healthy: bool) {
+        self.registry.generation.fetch_add(1, Ordering::Release);
         // The reason travels with the change, so a TLS or connect failure is readable in the
         // log without polling /status.
         let error = self.registry.get(target).last_error.filter(|_| !healthy);
@@ -164,6 +173,10 @@ pub struct PoolHandle {
     /// capacity: its traffic counts there, and adaptive mode sends none to a saturated pool.
     pub runs_on: Option<Pool>,
     infos: Arc<BackendInfos>,
+    /// [`PoolSet::any_usable`]'s last answer with the registry generation it was computed at
+    /// (`generation << 1 | usable`; `u64::MAX` before the first): every request asks it of the
+    /// spot and fallback pools, and each backend's health lookup hashes the backend twice.
+    usable_at: AtomicU64,
 }
 
 impl PoolHandle {
@@ -227,6 +240,7 @@ impl PoolSet {
                 model,
                 runs_on: None,
                 infos,
+                usable_at: AtomicU64::new(u64::MAX),
             };
             services.push(svc);
             Ok::<_, std::io::Error>(handle)
@@ -337,11 +351,22 @@ impl PoolSet {
     }
 
     pub fn any_usable(&self, h: &PoolHandle) -> bool {
-        h.balancer
+        // A flip during the computation bumps the generation after storing the new health, so
+        // an answer cached under the older generation is recomputed by the next caller.
+        let generation = self.registry.generation.load(Ordering::Acquire);
+        let cached = h.usable_at.load(Ordering::Relaxed);
+        if cached != u64::MAX && cached >> 1 == generation {
+            return cached & 1 == 1;
+        }
+        let usable = h
+            .balancer
             .backends()
             .get_backend()
             .iter()
-            .any(|b| self.usable(h, b))
+            .any(|b| self.usable(h, b));
+        h.usable_at
+            .store(generation << 1 | u64::from(usable), Ordering::Relaxed);
+        usable
     }
 
     /// The first fallback pool with a usable backend.
