@@ -268,24 +268,28 @@ fn declared_length(app: &App, session: &Session) -> std::result::Result<Option<u
 async fn preread(session: &mut Session) -> Step<Bytes> {
     session.enable_retry_buffering();
     // Usually the whole body is one chunk (the guard read it ahead): kept as it is, not copied.
-    let mut first: Option<Bytes> = None;
-    let mut buf = BytesMut::new();
+    // A second chunk starts a buffer holding both.
+    let mut body = Bytes::new();
+    let mut joined = BytesMut::new();
     while let Some(chunk) = session.read_request_body().await? {
-        match first.take() {
-            None if buf.is_empty() => first = Some(chunk),
-            earlier => {
-                if let Some(e) = earlier {
-                    buf.extend_from_slice(&e);
-                }
-                buf.extend_from_slice(&chunk);
+        if body.is_empty() && joined.is_empty() {
+            body = chunk;
+        } else {
+            if joined.is_empty() {
+                joined.extend_from_slice(&body);
             }
+            joined.extend_from_slice(&chunk);
         }
-        if first.as_ref().map_or(buf.len(), Bytes::len) > PREREAD_MAX {
+        if body.len().max(joined.len()) > PREREAD_MAX {
             break;
         }
     }
-    let len = first.as_ref().map_or(buf.len(), Bytes::len);
-    if session.retry_buffer_truncated() || len > PREREAD_MAX {
+    let body = if joined.is_empty() {
+        body
+    } else {
+        joined.freeze()
+    };
+    if session.retry_buffer_truncated() || body.len() > PREREAD_MAX {
         let msg = "body longer than its Content-Length";
         return Ok(Err(Refusal::request_error(
             413,
@@ -294,7 +298,7 @@ async fn preread(session: &mut Session) -> Step<Bytes> {
             msg,
         )));
     }
-    Ok(Ok(first.unwrap_or_else(|| buf.freeze())))
+    Ok(Ok(body))
 }
 
 /// The policy decision against the latest published state.
