@@ -839,11 +839,17 @@ fn ledger_config_has_defaults_overrides_and_named_errors() {
         &[
             ("SLUICE_LEDGER_SCHEMA", "sluice_env"),
             ("SLUICE_SPOOL_DIR", "/var/spool/sluice"),
+            ("SLUICE_LEDGER_FLUSH_INTERVAL_MS", "50"),
+            ("SLUICE_LEDGER_BATCH_ROWS", "800"),
         ],
     )
     .unwrap();
     assert_eq!(c.ledger.schema, "sluice_env");
     assert_eq!(c.ledger.spool_dir, PathBuf::from("/var/spool/sluice"));
+    assert_eq!((c.ledger.flush_interval_ms, c.ledger.batch_rows), (50, 800));
+    // An override is validated as the file's value would be, and named by its key.
+    let e = parse("", &[("SLUICE_LEDGER_FLUSH_INTERVAL_MS", "0")]).unwrap_err();
+    assert!(e.key.contains("flush_interval_ms"), "{e}");
 
     for (yaml, key) in [
         ("ledger: {schema: Bad-Name}", "ledger.schema"),

@@ -130,6 +130,18 @@ pub const OVERRIDES: &[(&str, &str, Setter)] = &[
         c.ledger.schema = v.to_string();
         Ok(())
     }),
+    (
+        "SLUICE_LEDGER_FLUSH_INTERVAL_MS",
+        "ledger.flush_interval_ms",
+        |c, v| {
+            c.ledger.flush_interval_ms = num(v)?;
+            Ok(())
+        },
+    ),
+    ("SLUICE_LEDGER_BATCH_ROWS", "ledger.batch_rows", |c, v| {
+        c.ledger.batch_rows = num(v)?;
+        Ok(())
+    }),
     ("SLUICE_SPOOL_DIR", "ledger.spool_dir", |c, v| {
         c.ledger.spool_dir = v.into();
         Ok(())
