@@ -7,7 +7,7 @@
 # not counted. Background work (the metrics poller, the ledger writer) is, as it runs per request
 # or per second. Prints instructions and heap allocations (calls into mimalloc) per request;
 # callgrind files stay in $OUT for `callgrind_annotate`. VALGRIND_EXTRA adds callgrind options,
-# e.g. "--separate-callers5=mi_malloc_aligned" to see who allocates.
+# e.g. "--separate-callers5=mi_malloc" to see who allocates.
 #   bench/instructions.sh [path/to/sluice] [seconds] [configs: bare sluice ledger both]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -6,6 +6,7 @@
 //! only glue these steps together; background services in [`signals`] and [`pools`] own all I/O.
 
 pub mod admission;
+pub mod alloc;
 pub mod backend_tls;
 pub mod config;
 pub mod decisions;

@@ -6,10 +6,8 @@ use sluice::server::{self, ServerFlags};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-// Pingora's worker threads allocate and free per-request buffers across threads; glibc's arenas
-// serialise that (futex waits in the profile), mimalloc's thread-local free lists do not.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: sluice::alloc::Allocator = sluice::alloc::Allocator;
 
 #[derive(Parser)]
 #[command(

@@ -32,7 +32,7 @@ use record::Mode;
 
 // The same allocator as `sluice`, so the bare Pingora row compares like with like.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: sluice::alloc::Allocator = sluice::alloc::Allocator;
 use sluice_conf::SlaSignal;
 
 #[derive(Parser)]
