@@ -6,8 +6,9 @@
 //! The `mimalloc` crate's allocator passes every Rust allocation to `mi_malloc_aligned`, even an
 //! alignment of 1 or 8 that every mimalloc block already has. That call's fast path covers only
 //! blocks up to 1 KiB whose free-list head happens to be aligned; every larger one (Pingora's
-//! header and body buffers, the log line, boxed futures) takes its generic path and its
-//! over-allocating fallback, which also rounds the size up by the alignment. Word alignment is
+//! header and body buffers, the log line, boxed futures) takes its generic path and, unless its
+//! size is a power of two, the over-allocating fallback, which rounds the size up by the
+//! alignment. Word alignment is
 //! guaranteed by `mi_malloc` for every size (block sizes are whole words), so only stricter
 //! alignments go to the aligned calls.
 
