@@ -8,9 +8,8 @@
 //! blocks up to 1 KiB whose free-list head happens to be aligned; every larger one (Pingora's
 //! header and body buffers, the log line, boxed futures) takes its generic path and, unless its
 //! size is a power of two, the over-allocating fallback, which rounds the size up by the
-//! alignment. Word alignment is
-//! guaranteed by `mi_malloc` for every size (block sizes are whole words), so only stricter
-//! alignments go to the aligned calls.
+//! alignment. Word alignment is guaranteed by `mi_malloc` for every size (block sizes are whole
+//! words), so only stricter alignments go to the aligned calls.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::c_void;
