@@ -80,10 +80,13 @@ pub struct Sluice {
 
 #[async_trait]
 impl ProxyHttp for Sluice {
-    type CTX = Ctx;
+    // Boxed: Pingora keeps the context by value in its per-request future, several times over
+    // across its states, and moves that whole future into a fresh box for every request (the
+    // `async_trait` of `process_new_http`); inline, the context made that copy 16 KiB.
+    type CTX = Box<Ctx>;
 
-    fn new_ctx(&self) -> Ctx {
-        Ctx {
+    fn new_ctx(&self) -> Box<Ctx> {
+        Box::new(Ctx {
             started: Some(Instant::now()),
             active: Some(self.app.active.enter()),
             closing: self.app.closing(),
@@ -95,14 +98,18 @@ impl ProxyHttp for Sluice {
                 )
             },
             ..Default::default()
-        }
+        })
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         admit::request_filter(&self.app, session, ctx).await
     }
 
-    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        session: &mut Session,
+        ctx: &mut Self::CTX,
+    ) -> Result<Box<HttpPeer>> {
         upstream::upstream_peer(&self.app, session, ctx)
     }
 
@@ -110,7 +117,7 @@ impl ProxyHttp for Sluice {
         &self,
         _s: &mut Session,
         peer: &HttpPeer,
-        ctx: &mut Ctx,
+        ctx: &mut Self::CTX,
         e: Box<Error>,
     ) -> Box<Error> {
         upstream::fail_to_connect(&self.app, peer, ctx, e)
@@ -120,7 +127,7 @@ impl ProxyHttp for Sluice {
         &self,
         _s: &mut Session,
         req: &mut RequestHeader,
-        ctx: &mut Ctx,
+        ctx: &mut Self::CTX,
     ) -> Result<()> {
         body::upstream_request_filter(req, ctx)
     }
@@ -130,7 +137,7 @@ impl ProxyHttp for Sluice {
         _s: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
-        ctx: &mut Ctx,
+        ctx: &mut Self::CTX,
     ) -> Result<()> {
         body::request_body_filter(&self.app, body, end_of_stream, ctx)
     }
@@ -139,7 +146,7 @@ impl ProxyHttp for Sluice {
         &self,
         session: &mut Session,
         resp: &mut ResponseHeader,
-        ctx: &mut Ctx,
+        ctx: &mut Self::CTX,
     ) -> Result<()> {
         if self.app.closing() {
             session.set_keepalive(None);
@@ -152,22 +159,27 @@ impl ProxyHttp for Sluice {
         _s: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
-        ctx: &mut Ctx,
+        ctx: &mut Self::CTX,
     ) -> Result<Option<std::time::Duration>> {
         outcome::response_body_filter(body, end_of_stream, ctx);
         Ok(None)
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut Self::CTX,
+    ) -> FailToProxy {
         outcome::fail_to_proxy(&self.app, session, e, ctx).await
     }
 
-    fn suppress_error_log(&self, _s: &Session, ctx: &Ctx, _e: &Error) -> bool {
+    fn suppress_error_log(&self, _s: &Session, ctx: &Self::CTX, _e: &Error) -> bool {
         // Client cancels and our own refusals are recorded in the decision log already.
         ctx.error.as_deref() == Some("client_gone")
     }
 
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
         outcome::logging(&self.app, session, e, ctx);
     }
 }
