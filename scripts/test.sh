@@ -25,6 +25,8 @@ command -v psql >/dev/null || need+=(postgresql)
 # certificates with openssl.
 command -v curl >/dev/null || need+=(curl)
 command -v openssl >/dev/null || need+=(openssl)
+# ss: the upstream wire test reads the backend's segment counts from the kernel.
+command -v ss >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   $SUDO apt-get update -qq

@@ -17,6 +17,11 @@ pub fn upstream_request_filter(req: &mut RequestHeader, ctx: &mut Ctx) -> Result
         // Length unknown until the rewrite: Pingora frames it chunked for HTTP/1.1 upstreams.
         req.remove_header("content-length");
     }
+    if ctx.body_mode == BodyMode::Preread {
+        // Sluice read the body already, after its own `100 Continue` (admit::preread): a
+        // backend's would be a second one.
+        req.remove_header("expect");
+    }
     req.insert_header_static("x-request-id", super::respond::request_id_value(ctx)?);
     Ok(())
 }

@@ -53,6 +53,9 @@ pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result
     ));
     peer.options.read_timeout = Some(Duration::from_millis(limits.upstream_read_timeout_ms));
     peer.options.idle_timeout = Some(Duration::from_millis(limits.upstream_idle_timeout_ms));
+    // The request header waits in the write buffer for a Content-Length body and shares its
+    // send: one segment and one wake of the backend instead of two (vendor/pingora-core).
+    peer.options.coalesce_request_header = true;
     Ok(Box::new(peer))
 }
 
