@@ -263,12 +263,6 @@ fn declared_length(app: &App, session: &Session) -> std::result::Result<Option<u
     Ok(declared)
 }
 
-fn expects_continue(req: &pingora::http::RequestHeader) -> bool {
-    req.headers
-        .get(http::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
-}
-
 /// Reads a small completion body whole, keeping Pingora's retry buffer so the same bytes (or
 /// their rewrite) still go upstream.
 async fn preread(session: &mut Session) -> Step<Bytes> {
@@ -276,7 +270,7 @@ async fn preread(session: &mut Session) -> Step<Bytes> {
     // A client that sent `Expect: 100-continue` sends its body only once told to: Pingora does
     // not answer it, so without this both sides wait (curl gives up after a second, others
     // never do). The upstream request then goes without the header (body::upstream_request_filter).
-    if expects_continue(session.req_header()) {
+    if pingora::protocols::http::v1::common::is_expect_continue_req(session.req_header()) {
         session.write_continue_response().await?;
     }
     // Usually the whole body is one chunk (the guard read it ahead): kept as it is, not copied.
