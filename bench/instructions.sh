@@ -3,7 +3,7 @@
 # the machine runs (unlike req/s on a shared 2-core machine), so it is how request-path changes
 # are compared. Bare Pingora (`sluice-bench bare-proxy`) and Sluice alone, with the ledger, and
 # with the ledger and Redis admission (PostgreSQL and Redis must run locally), each under wrk at
-# 16 connections for SECS seconds; counters are zeroed once the proxy is ready, so start-up is
+# CONNS connections (default 16) for SECS seconds; counters are zeroed once the proxy is ready, so start-up is
 # not counted. Background work (the metrics poller, the ledger writer) is, as it runs per request
 # or per second. Prints instructions and heap allocations (calls into mimalloc) per request;
 # callgrind files stay in $OUT for `callgrind_annotate`. VALGRIND_EXTRA adds callgrind options,
@@ -28,7 +28,7 @@ for cfg in $CONFIGS; do
   wait_ready "$port" "$ready"
   sleep 2
   callgrind_control -z $spid >/dev/null 2>&1
-  out=$(wrk -t2 -c16 -d${SECS}s -s bench/chat.lua "http://127.0.0.1:$port/v1/chat/completions")
+  out=$(wrk -t2 -c"${CONNS:-16}" -d${SECS}s -s bench/chat.lua "http://127.0.0.1:$port/v1/chat/completions")
   kill -INT $spid; wait $spid 2>/dev/null || true
   spid=""
   n=$(awk '/requests in/ {print $1}' <<<"$out")

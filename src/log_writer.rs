@@ -6,10 +6,11 @@
 //! full a record is dropped and counted (`sluice_log_lines_dropped_total`): decisions themselves
 //! are kept by the ring and the ledger, so the log is what may give way under a stalled reader.
 
+use crate::decisions::DecisionRecord;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Records held while the writer is behind: a few tens of MiB of typical request lines.
@@ -26,6 +27,11 @@ const IDLE_POLLS: u32 = 5;
 
 enum Msg {
     Record(Vec<u8>),
+    /// A request's decision record, encoded into its JSON line here, on the writer thread:
+    /// encoding it on a worker was a tenth of the request path's instructions, spread through
+    /// every request; here it runs in batches, off the request path. The flag says whether the
+    /// line carries the policy inputs.
+    Decision(Arc<DecisionRecord>, bool),
     Flush(SyncSender<()>),
 }
 
@@ -55,9 +61,17 @@ impl LogWriter {
 
     /// Never blocks. `record` is written as is (it carries its own newline).
     pub fn write(&self, record: Vec<u8>) {
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-            self.tx.try_send(Msg::Record(record))
-        {
+        self.send(Msg::Record(record));
+    }
+
+    /// Never blocks. Writes `record` as one JSON line ([`crate::json_line::write_record_packed`]),
+    /// with its policy inputs when `with_inputs`.
+    pub fn write_decision(&self, record: Arc<DecisionRecord>, with_inputs: bool) {
+        self.send(Msg::Decision(record, with_inputs));
+    }
+
+    fn send(&self, msg: Msg) {
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(msg) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -125,6 +139,8 @@ impl Write for Pipe {
 
 fn write_records<W: Write>(rx: Receiver<Msg>, out: W) {
     let mut out = std::io::BufWriter::with_capacity(256 * 1024, out);
+    // One line's buffer, reused for every decision record.
+    let mut line = Vec::with_capacity(2048);
     let mut idle = 0;
     // Ends when the writer is dropped (never, for the process-wide one).
     loop {
@@ -149,6 +165,12 @@ fn write_records<W: Write>(rx: Receiver<Msg>, out: W) {
             match msg {
                 Msg::Record(r) => {
                     let _ = out.write_all(&r);
+                }
+                Msg::Decision(record, with_inputs) => {
+                    line.clear();
+                    crate::json_line::write_record_packed(&mut line, &record, with_inputs);
+                    line.push(b'\n');
+                    let _ = out.write_all(&line);
                 }
                 Msg::Flush(ack) => acks.push(ack),
             }

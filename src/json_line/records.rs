@@ -162,15 +162,17 @@ fn f64_value(out: &mut Vec<u8>, v: f64) {
     }
 }
 
-/// Appends `r` with its inputs packed ([`write_inputs_packed`]): the request log's line, which
+/// Appends `r` with its inputs packed ([`write_inputs_packed`]), or `null` for them when
+/// `with_inputs` is false (they are stored elsewhere): the request log's line, which
 /// `sluice replay` and every reader of records read as the same record. The inputs are for
 /// replay, and their field names were a quarter of a line's bytes (1,424 → 1,070 for a plain
 /// pass), which the log writer and the log's reader pay for on every request.
-pub fn write_record_packed(out: &mut Vec<u8>, r: &DecisionRecord) {
-    record(out, r, Form::Packed);
+pub fn write_record_packed(out: &mut Vec<u8>, r: &DecisionRecord, with_inputs: bool) {
+    record(out, r, with_inputs.then_some(Form::Packed));
 }
 
-fn record(out: &mut Vec<u8>, r: &DecisionRecord, inputs_form: Form) {
+/// `inputs_form` `None` writes the inputs as `null`.
+fn record(out: &mut Vec<u8>, r: &DecisionRecord, inputs_form: Option<Form>) {
     let mut o = Obj::open(out);
     o.str(key!("request_id"), &r.request_id);
     o.u64(key!("received_at_ms"), r.received_at_ms);
@@ -206,9 +208,9 @@ fn record(out: &mut Vec<u8>, r: &DecisionRecord, inputs_form: Form) {
     s.close();
     o.opt_str(key!("queue_outcome"), r.queue_outcome.as_deref());
     o.opt_str(key!("error"), r.error.as_deref());
-    match &r.inputs {
-        Some(i) => inputs(o.key(key!("inputs")), i, inputs_form),
-        None => o.key(key!("inputs")).extend_from_slice(b"null"),
+    match (&r.inputs, inputs_form) {
+        (Some(i), Some(form)) => inputs(o.key(key!("inputs")), i, form),
+        _ => o.key(key!("inputs")).extend_from_slice(b"null"),
     }
     o.close();
 }
@@ -377,7 +379,7 @@ mod tests {
 
     /// The object form, which must be what serde_json writes: the packed form shares its code.
     fn write_record(out: &mut Vec<u8>, r: &DecisionRecord) {
-        record(out, r, Form::Object);
+        record(out, r, Some(Form::Object));
     }
 
     fn write_inputs(out: &mut Vec<u8>, i: &PolicyInputs) {
@@ -590,10 +592,16 @@ mod tests {
         r.ttfb_ms = Some(12.5);
         r.overhead_us = None;
         let mut line = Vec::new();
-        write_record_packed(&mut line, &r);
+        write_record_packed(&mut line, &r, true);
         let back: DecisionRecord = serde_json::from_slice(&line).unwrap();
         assert!(back.inputs.is_some(), "{}", String::from_utf8_lossy(&line));
         assert_eq!(ours(&back), ours(&r));
         assert!(line.len() < ours(&r).len());
+        // Without them (a ledger holds them): the same record, inputs null.
+        let mut bare = Vec::new();
+        write_record_packed(&mut bare, &r, false);
+        let back: DecisionRecord = serde_json::from_slice(&bare).unwrap();
+        r.inputs = None;
+        assert_eq!(ours(&back), ours(&r));
     }
 }

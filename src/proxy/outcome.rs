@@ -353,7 +353,7 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
     // The signals of the sample the decision read, not of the one in force now.
     let signals = ctx.inputs.map(|i| i.pools[0].signals()).unwrap_or_default();
     let req = session.req_header();
-    let mut record = DecisionRecord {
+    let record = DecisionRecord {
         request_id: std::mem::take(&mut ctx.request_id),
         received_at_ms: ctx.received_at_ms,
         replica: app.replica.into(),
@@ -438,32 +438,21 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
                 .inc_by(served);
         }
     }
-    // Straight to the log writer: the record is already one JSON line, and env_logger's
-    // formatter would copy it twice and scan every byte for colour codes.
-    if wants_log_line(&cfg, &record)
-        && log::log_enabled!(target: "sluice::request", log::Level::Info)
-    {
-        // Written once, where the durable record is: with a ledger the inputs go there only.
-        let log_inputs = cfg
-            .decisions
-            .log_inputs
-            .unwrap_or(cfg.database_url.is_none());
-        let inputs = if log_inputs {
-            None
-        } else {
-            record.inputs.take()
-        };
+    let log_line = wants_log_line(&cfg, &record)
+        && log::log_enabled!(target: "sluice::request", log::Level::Info);
+    // Written once, where the durable record is: with a ledger the inputs go there only.
+    let log_inputs = cfg
+        .decisions
+        .log_inputs
+        .unwrap_or(cfg.database_url.is_none());
+    let record = Arc::new(record);
+    if log_line {
+        // Straight to the log writer, which encodes the line off the request path; env_logger's
+        // formatter would copy it twice and scan every byte for colour codes.
         if let Some(w) = crate::log_writer::stderr() {
-            let mut line = Vec::with_capacity(2048);
-            crate::json_line::write_record_packed(&mut line, &record);
-            line.push(b'\n');
-            w.write(line);
-        }
-        if inputs.is_some() {
-            record.inputs = inputs;
+            w.write_decision(Arc::clone(&record), log_inputs);
         }
     }
-    let record = Arc::new(record);
     for sink in &app.sinks {
         sink.record(Arc::clone(&record));
     }
