@@ -115,8 +115,11 @@ pub struct DecisionRecord {
 pub struct DecisionRing {
     cap: usize,
     next: AtomicU64,
-    shards: Box<[Mutex<VecDeque<(u64, Arc<DecisionRecord>)>>]>,
+    shards: Box<[Mutex<Shard>]>,
 }
+
+/// One worker's records, each with its place in the ring's global order.
+type Shard = VecDeque<(u64, Arc<DecisionRecord>)>;
 
 /// Shards per ring: more than a proxy's worker threads, so each worker usually owns one.
 const RING_SHARDS: usize = 16;
@@ -165,7 +168,7 @@ impl DecisionRing {
             let items = shard.lock().unwrap_or_else(|e| e.into_inner());
             all.extend(items.iter().cloned());
         }
-        all.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        all.sort_unstable_by_key(|(seq, _)| std::cmp::Reverse(*seq));
         all.into_iter()
             .take(self.cap)
             .map(|(_, r)| r)
