@@ -728,7 +728,8 @@ impl Default for LimitsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DecisionsConfig {
-    /// Recent decisions kept in memory for `/decisions/recent`.
+    /// Recent decisions answered by `/decisions/recent` from memory. Each worker thread keeps
+    /// up to this many of its own (so the newest `ring_size` overall are always there).
     pub ring_size: usize,
     /// Whether the request log line carries the policy inputs replay needs (~0.5 KB a line).
     /// Unset: only when there is no ledger, which records them otherwise.
