@@ -440,18 +440,16 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
     }
     let log_line = wants_log_line(&cfg, &record)
         && log::log_enabled!(target: "sluice::request", log::Level::Info);
-    // Written once, where the durable record is: with a ledger the inputs go there only.
-    let log_inputs = cfg
-        .decisions
-        .log_inputs
-        .unwrap_or(cfg.database_url.is_none());
     let record = Arc::new(record);
-    if log_line {
-        // Straight to the log writer, which encodes the line off the request path; env_logger's
-        // formatter would copy it twice and scan every byte for colour codes.
-        if let Some(w) = crate::log_writer::stderr() {
-            w.write_decision(Arc::clone(&record), log_inputs);
-        }
+    // Straight to the log writer, which encodes the line off the request path; env_logger's
+    // formatter would copy it twice and scan every byte for colour codes.
+    if let Some(w) = log_line.then(crate::log_writer::stderr).flatten() {
+        // Written once, where the durable record is: with a ledger the inputs go there only.
+        let with_inputs = cfg
+            .decisions
+            .log_inputs
+            .unwrap_or(cfg.database_url.is_none());
+        w.write_decision(Arc::clone(&record), with_inputs);
     }
     for sink in &app.sinks {
         sink.record(Arc::clone(&record));
