@@ -13,7 +13,9 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendE
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// Records held while the writer is behind: a few tens of MiB of typical request lines.
+/// Records held while the writer is behind. A request's is its decision record (840 bytes plus
+/// its strings, shared with the ring until the ring lets it go), so a stalled reader holds at
+/// most ~60 MiB.
 const QUEUE_RECORDS: usize = 64 * 1024;
 /// Records written per flush at most, so a busy stream still reaches the reader promptly.
 const BATCH_RECORDS: usize = 512;
