@@ -310,6 +310,20 @@ pub async fn fail_to_proxy(
     }
 }
 
+/// A duration in milliseconds, to the microsecond. `as_secs_f64() * 1000.0` keeps float noise
+/// that the shortest round-trip form then prints in full (`0.07178699999999999`): ~15 bytes of
+/// every duration in every log line, `/decisions/recent` answer and export, and no reader
+/// wants digits below a microsecond. A whole number of microseconds divided by 1000 prints as
+/// written (`0.072`).
+fn millis(d: std::time::Duration) -> f64 {
+    ((d.as_nanos() + 500) / 1000) as f64 / 1000.0
+}
+
+/// A duration in microseconds, to the nanosecond (see [`millis`]).
+fn micros(d: std::time::Duration) -> f64 {
+    d.as_nanos() as f64 / 1000.0
+}
+
 fn queue_outcome(ctx: &Ctx) -> Option<&'static str> {
     match ctx.reason {
         Some(r @ (Reason::QueueReleased | Reason::QueueTimedOut | Reason::QueueDropped)) => {
@@ -387,11 +401,11 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
         requested_max_tokens: ctx.facts.as_ref().and_then(|f| f.max_tokens),
         applied_max_tokens: ctx.applied_max_tokens,
         stream: ctx.facts.as_ref().is_some_and(|f| f.stream),
-        queue_wait_ms: ctx.queued_for.map(|q| q.as_secs_f64() * 1000.0),
+        queue_wait_ms: ctx.queued_for.map(millis),
         status: ctx.status,
-        latency_ms: latency.as_secs_f64() * 1000.0,
-        ttfb_ms: ttfb.map(|t| t.as_secs_f64() * 1000.0),
-        overhead_us: ctx.overhead.map(|o| o.as_secs_f64() * 1e6),
+        latency_ms: millis(latency),
+        ttfb_ms: ttfb.map(millis),
+        overhead_us: ctx.overhead.map(micros),
         prompt_tokens,
         completion_tokens,
         sla_target_ms: sla_target,
@@ -518,7 +532,17 @@ fn feed_controller(app: &App, ctx: &Ctx, latency: std::time::Duration, proxied: 
 
 #[cfg(test)]
 mod tests {
-    use super::usage_of;
+    use super::{micros, millis, usage_of};
+    use std::time::Duration;
+
+    #[test]
+    fn durations_print_to_the_microsecond() {
+        let json = |v: f64| serde_json::to_string(&v).unwrap();
+        assert_eq!(json(millis(Duration::from_nanos(71_787))), "0.072");
+        assert_eq!(json(millis(Duration::from_nanos(321_400_000))), "321.4");
+        assert_eq!(json(millis(Duration::from_secs(2))), "2000.0");
+        assert_eq!(json(micros(Duration::from_nanos(1_763))), "1.763");
+    }
 
     #[test]
     fn usage_from_json_and_sse() {
