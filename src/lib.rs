@@ -14,6 +14,7 @@ pub mod demo;
 pub mod json_line;
 pub mod ledger;
 pub mod lifecycle;
+mod log_pages;
 pub mod log_writer;
 pub mod metrics;
 pub mod ops;

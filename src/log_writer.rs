@@ -7,7 +7,9 @@
 //! are kept by the ring and the ledger, so the log is what may give way under a stalled reader.
 
 use crate::decisions::DecisionRecord;
+use crate::log_pages::PageRecycler;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, OnceLock};
@@ -47,14 +49,18 @@ static STDERR: OnceLock<Option<LogWriter>> = OnceLock::new();
 
 impl LogWriter {
     pub fn spawn<W: Write + Send + 'static>(out: W) -> std::io::Result<Self> {
-        Self::with_capacity(out, QUEUE_RECORDS)
+        Self::with_capacity(out, QUEUE_RECORDS, None)
     }
 
-    fn with_capacity<W: Write + Send + 'static>(out: W, records: usize) -> std::io::Result<Self> {
+    fn with_capacity<W: Write + Send + 'static>(
+        out: W,
+        records: usize,
+        pages: Option<PageRecycler>,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = sync_channel(records);
         std::thread::Builder::new()
             .name("sluice-log".into())
-            .spawn(move || write_records(rx, out))?;
+            .spawn(move || write_records(rx, out, pages))?;
         Ok(Self {
             tx,
             dropped: AtomicU64::new(0),
@@ -105,7 +111,10 @@ impl LogWriter {
 /// The process's stderr writer, started on first use.
 pub fn stderr() -> Option<&'static LogWriter> {
     STDERR
-        .get_or_init(|| LogWriter::spawn(std::io::stderr()).ok())
+        .get_or_init(|| {
+            let pages = PageRecycler::for_fd(std::io::stderr().as_raw_fd());
+            LogWriter::with_capacity(std::io::stderr(), QUEUE_RECORDS, pages).ok()
+        })
         .as_ref()
 }
 
@@ -139,7 +148,7 @@ impl Write for Pipe {
     }
 }
 
-fn write_records<W: Write>(rx: Receiver<Msg>, out: W) {
+fn write_records<W: Write>(rx: Receiver<Msg>, out: W, mut pages: Option<PageRecycler>) {
     let mut out = std::io::BufWriter::with_capacity(256 * 1024, out);
     // One line's buffer, reused for every decision record.
     let mut line = Vec::with_capacity(2048);
@@ -184,6 +193,9 @@ fn write_records<W: Write>(rx: Receiver<Msg>, out: W) {
             };
         }
         let _ = out.flush();
+        if let Some(p) = pages.as_mut() {
+            p.after_flush();
+        }
         for ack in acks {
             let _ = ack.try_send(());
         }
@@ -244,7 +256,7 @@ mod tests {
     #[test]
     fn a_stalled_reader_never_blocks_the_caller_and_drops_are_counted() {
         let (release, stall) = std::sync::mpsc::channel();
-        let w = LogWriter::with_capacity(Stalled(stall), 100).unwrap();
+        let w = LogWriter::with_capacity(Stalled(stall), 100, None).unwrap();
         let started = Instant::now();
         // The writer takes at most one batch into its buffer before it blocks; the queue holds
         // 100 more; everything past that is dropped at once.
