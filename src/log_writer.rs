@@ -48,11 +48,9 @@ pub struct LogWriter {
 static STDERR: OnceLock<Option<LogWriter>> = OnceLock::new();
 
 impl LogWriter {
-    pub fn spawn<W: Write + Send + 'static>(out: W) -> std::io::Result<Self> {
-        Self::with_capacity(out, QUEUE_RECORDS, None)
-    }
-
-    fn with_capacity<W: Write + Send + 'static>(
+    /// A writer thread over `out`, queueing up to `records`; `pages` recycles `out`'s page cache
+    /// when it is a regular file (the process's stderr).
+    fn spawn<W: Write + Send + 'static>(
         out: W,
         records: usize,
         pages: Option<PageRecycler>,
@@ -113,7 +111,7 @@ pub fn stderr() -> Option<&'static LogWriter> {
     STDERR
         .get_or_init(|| {
             let pages = PageRecycler::for_fd(std::io::stderr().as_raw_fd());
-            LogWriter::with_capacity(std::io::stderr(), QUEUE_RECORDS, pages).ok()
+            LogWriter::spawn(std::io::stderr(), QUEUE_RECORDS, pages).ok()
         })
         .as_ref()
 }
@@ -238,7 +236,7 @@ mod tests {
     #[test]
     fn records_arrive_whole_and_in_order_and_flush_waits_for_them() {
         let out = Shared::default();
-        let w = LogWriter::spawn(out.clone()).unwrap();
+        let w = LogWriter::spawn(out.clone(), QUEUE_RECORDS, None).unwrap();
         let mut want = String::new();
         for i in 0..2000 {
             let line = format!("{{\"n\":{i}}}\n");
@@ -256,7 +254,7 @@ mod tests {
     #[test]
     fn a_stalled_reader_never_blocks_the_caller_and_drops_are_counted() {
         let (release, stall) = std::sync::mpsc::channel();
-        let w = LogWriter::with_capacity(Stalled(stall), 100, None).unwrap();
+        let w = LogWriter::spawn(Stalled(stall), 100, None).unwrap();
         let started = Instant::now();
         // The writer takes at most one batch into its buffer before it blocks; the queue holds
         // 100 more; everything past that is dropped at once.
