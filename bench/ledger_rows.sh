@@ -2,10 +2,9 @@
 # What PostgreSQL spends on each ledger row, by part of the schema: the rows the overhead bench
 # wrote (`sluice_bench.decisions`, so run `sluice-bench overhead` first) copied out once in
 # binary COPY format, then COPYed back into a scratch table (schema `sluice_ledger_rows`, dropped
-# at the end) with only the heap, with the primary key, with the tenant index, with every index
-# the migrations create, and with the inputs as `text` instead of `json` (no validation on
-# insert). Prints wall time per row of each COPY after a CHECKPOINT, ROUNDS times; the psql
-# client's read of the file is in every figure alike, so compare the differences.
+# at the end) with only the heap, with the primary key, with the tenant index, and with every
+# index the migrations create. Prints wall time per row of each COPY after a CHECKPOINT, ROUNDS
+# times; the psql client's read of the file is in every figure alike, so compare the differences.
 #   bench/ledger_rows.sh [rows, default 100000] [rounds, default 2]
 # Env: PGURL (default postgres://postgres@127.0.0.1:5432/test).
 set -euo pipefail
@@ -25,7 +24,6 @@ PKEY="ALTER TABLE $S.d ADD PRIMARY KEY (received_at_ms, request_id);"
 TENANT="CREATE INDEX ON $S.d (tenant, received_at_ms);"
 REST="CREATE INDEX ON $S.d (completed_at_ms) WHERE sla_violated IS NOT NULL;
       CREATE INDEX ON $S.d (decision, received_at_ms) WHERE decision <> 'pass';"
-TEXT="ALTER TABLE $S.d ALTER COLUMN inputs TYPE text;"
 one() { # label, DDL applied to the empty copy of the table
   P -c "DROP SCHEMA IF EXISTS $S CASCADE" >/dev/null 2>&1
   P -c "CREATE SCHEMA $S; CREATE TABLE $S.d (LIKE sluice_bench.decisions INCLUDING DEFAULTS); $2" >/dev/null
@@ -39,9 +37,7 @@ one() { # label, DDL applied to the empty copy of the table
 for r in $(seq "$ROUNDS"); do
   echo "round $r"
   one "heap only" ""
-  one "heap, inputs as text" "$TEXT"
   one "+ primary key" "$PKEY"
   one "+ primary key, tenant index" "$PKEY $TENANT"
   one "+ every index (as shipped)" "$PKEY $TENANT $REST"
-  one "+ every index, inputs as text" "$TEXT $PKEY $TENANT $REST"
 done

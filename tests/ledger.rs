@@ -1137,6 +1137,24 @@ fn fresh_rows_are_copied_with_their_queue_events_and_a_reused_id_still_lands_onc
         .unwrap()
         .get(0);
     assert_eq!(model, "model\u{FFFD}x");
+    // The replay inputs are stored in their binary form, a fraction of their JSON's ~300 bytes,
+    // by COPY (rows 4-6, 14-16 …) and by the INSERT fallback (64-66, in copy-60's batch) alike.
+    let (with_inputs, binary, longest): (i64, i64, i32) = {
+        let r = c
+            .query_one(
+                &format!(
+                    "SELECT count(*), count(*) FILTER (WHERE get_byte(inputs, 0) = 0),
+                            max(octet_length(inputs))
+                     FROM {} WHERE inputs IS NOT NULL",
+                    schema.table("decisions")
+                ),
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!((with_inputs, binary), (36, 36));
+    assert!(longest < 100, "{longest} bytes");
     // What went in by COPY reads back exactly as it was pushed.
     let back = ledger
         .db()
@@ -1169,7 +1187,7 @@ fn fresh_rows_are_copied_with_their_queue_events_and_a_reused_id_still_lands_onc
 }
 
 #[test]
-fn migration_3_keeps_an_existing_ledger_and_counts_its_recent_completions() {
+fn migrations_3_and_4_keep_an_existing_ledger_and_count_its_recent_completions() {
     let schema = Schema::create();
     let mut c = pg();
     // A ledger written by the previous release: every migration before this one.
@@ -1204,21 +1222,47 @@ fn migration_3_keeps_an_existing_ledger_and_counts_its_recent_completions() {
     for (i, r) in rows.iter_mut().take(20).enumerate() {
         r.inputs = Some(inputs(i as u64));
     }
-    // Written as the previous release wrote them: the INSERT alone, no per-second counts.
-    let batch = sluice::ledger::batch::Batch::build(&rows);
+    // Written as the previous release wrote them: the INSERT alone, no per-second counts, the
+    // inputs as `jsonb` (this build's INSERT sends them as `bytea`, so they go in apart).
+    let without_inputs: Vec<_> = rows
+        .iter()
+        .map(|r| sluice::ledger::row::LedgerRow {
+            inputs: None,
+            ..r.clone()
+        })
+        .collect();
+    let batch = sluice::ledger::batch::Batch::build(&without_inputs);
+    let n = batch.decision_params().len();
     let written = c
         .execute(
-            &sluice::ledger::batch::insert_rows_sql().replace(
-                "INTO decisions",
-                &format!("INTO {}", schema.table("decisions")),
-            ),
+            &sluice::ledger::batch::insert_rows_sql()
+                .replace(
+                    "INTO decisions",
+                    &format!("INTO {}", schema.table("decisions")),
+                )
+                .replace(
+                    &format!("${n}::bytea[]"),
+                    &format!("${n}::bytea[]::text[]::jsonb[]"),
+                ),
             &batch.decision_params(),
         )
         .unwrap();
     assert_eq!(written, rows.len() as u64);
+    for r in rows.iter().filter(|r| r.inputs.is_some()) {
+        let json = serde_json::to_string(&r.inputs).unwrap();
+        c.execute(
+            &format!(
+                "UPDATE {} SET inputs = $1::text::jsonb WHERE request_id = $2",
+                schema.table("decisions")
+            ),
+            &[&json, &r.request_id],
+        )
+        .unwrap();
+    }
 
-    assert_eq!(db.migrate().unwrap(), vec![3]);
-    // The replay inputs, converted from jsonb to json, read back as they were written.
+    assert_eq!(db.migrate().unwrap(), vec![3, 4]);
+    // The replay inputs, converted from jsonb to json and then to bytea, read back as they
+    // were written.
     let back = db
         .recent(&RecentFilter {
             limit: 1000,
@@ -1245,7 +1289,7 @@ fn migration_3_keeps_an_existing_ledger_and_counts_its_recent_completions() {
         )
         .unwrap()
         .get(0);
-    assert_eq!(ty, "json");
+    assert_eq!(ty, "bytea");
     let count =
         |c: &mut postgres::Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };
     assert_eq!(

@@ -95,7 +95,7 @@ async fn rows(schema: &Schema) -> Vec<Value> {
         c.query(
             &format!(
                 "SELECT request_id, tier, reason, signal_pressure, signal_queue_depth, sla_violated,
-                        inputs::text FROM {t}"
+                        inputs FROM {t}"
             ),
             &[],
         )
@@ -109,8 +109,13 @@ async fn rows(schema: &Schema) -> Vec<Value> {
                 "pressure": r.get::<_, Option<f64>>(3),
                 "queue_depth": r.get::<_, Option<f64>>(4),
                 "sla_violated": r.get::<_, Option<bool>>(5),
-                "inputs": r.get::<_, Option<String>>(6)
-                    .map(|t| serde_json::from_str::<Value>(&t).unwrap()),
+                // Binary (first byte 0), decoded to the object form; `null` when unreadable.
+                "inputs": r.get::<_, Option<Vec<u8>>>(6).map(|b| {
+                    let i = (b.first() == Some(&0))
+                        .then(|| sluice::replay::binary::decode(&b))
+                        .flatten();
+                    serde_json::to_value(i).unwrap()
+                }),
             })
         })
         .collect()
@@ -237,13 +242,11 @@ async fn the_ledger_replays_unchanged_under_its_config_and_a_stricter_threshold_
     wait_rows(&schema, sent).await;
     let rows = rows(&schema).await;
     assert_eq!(rows.len(), sent);
-    // The ledger stores them packed (an array of field values), as the log does; they read
-    // back whole, and /decisions/recent and the export write them as objects.
+    // The ledger stores them in their binary form; they read back whole, and
+    // /decisions/recent and the export write them as objects.
     assert!(
-        rows.iter().all(|r| r["inputs"].is_array()
-            && serde_json::from_value::<sluice::replay::PolicyInputs>(r["inputs"].clone())
-                .is_ok_and(|i| i.v == 1)),
-        "every row has packed inputs: {}",
+        rows.iter().all(|r| r["inputs"]["v"] == 1),
+        "every row has binary inputs: {}",
         rows[0]["inputs"]
     );
     let recent = s.recent("limit=3").await;

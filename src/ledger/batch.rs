@@ -14,7 +14,7 @@
 
 use super::row::LedgerRow;
 use crate::replay::PolicyInputs;
-use postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
+use postgres::types::{FromSql, ToSql, Type};
 use std::borrow::Borrow;
 
 /// How to read one column out of a row; the variant fixes the SQL array type.
@@ -25,43 +25,31 @@ enum Extract {
     Int4(fn(&LedgerRow) -> i32),
     Float8(fn(&LedgerRow) -> Option<f64>),
     Bool(fn(&LedgerRow) -> Option<bool>),
-    /// Serialised here, on the writer's thread, not on the request path.
-    Json(fn(&LedgerRow) -> Option<&PolicyInputs>),
+    /// The replay inputs as `bytea` ([`crate::replay::binary`]), encoded here, on the writer's
+    /// thread, not on the request path.
+    Inputs(fn(&LedgerRow) -> Option<&PolicyInputs>),
 }
 
-/// JSON text bound as `json` (the `inputs` column since migration 0003) or `jsonb` (before it),
-/// and read back from either (the `postgres` crate's own JSON support is a feature this build
-/// does not enable). `json`'s binary format is the text itself; `jsonb`'s is a version byte, 1,
-/// then the text.
+/// The `inputs` column's bytes as stored: `bytea` since migration 0004, `json` or `jsonb` in a
+/// schema a running Sluice has not migrated yet (an export reads any of them); the `postgres`
+/// crate's own JSON support is a feature this build does not enable. `jsonb`'s binary format
+/// is a version byte, 1, then the text; `json`'s and `bytea`'s are the bytes themselves.
 #[derive(Debug)]
-pub struct JsonText(pub String);
+pub struct StoredInputs(pub Vec<u8>);
 
-impl ToSql for JsonText {
-    fn to_sql(
-        &self,
-        ty: &Type,
-        out: &mut bytes::BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        if *ty == Type::JSONB {
-            out.extend_from_slice(&[1]);
-        }
-        out.extend_from_slice(self.0.as_bytes());
-        Ok(IsNull::No)
+impl StoredInputs {
+    /// The inputs, or `None` when this build cannot read them (replay counts the row).
+    pub fn decode(&self) -> Option<PolicyInputs> {
+        crate::replay::binary::decode(&self.0)
     }
-
-    fn accepts(ty: &Type) -> bool {
-        *ty == Type::JSON || *ty == Type::JSONB
-    }
-
-    to_sql_checked!();
 }
 
-impl<'a> FromSql<'a> for JsonText {
+impl<'a> FromSql<'a> for StoredInputs {
     fn from_sql(
         ty: &Type,
         raw: &'a [u8],
     ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        let text = if *ty == Type::JSONB {
+        let bytes = if *ty == Type::JSONB {
             match raw.split_first() {
                 Some((1, text)) => text,
                 _ => return Err("unsupported jsonb format version".into()),
@@ -69,23 +57,21 @@ impl<'a> FromSql<'a> for JsonText {
         } else {
             raw
         };
-        Ok(JsonText(std::str::from_utf8(text)?.to_string()))
+        Ok(StoredInputs(bytes.to_vec()))
     }
 
     fn accepts(ty: &Type) -> bool {
-        *ty == Type::JSON || *ty == Type::JSONB
+        *ty == Type::BYTEA || *ty == Type::JSON || *ty == Type::JSONB
     }
 }
 
-/// The `unnest` path's parameter: the inputs as packed JSON text
-/// ([`crate::json_line::write_inputs_packed`]).
-fn json_text(v: Option<&PolicyInputs>) -> Option<JsonText> {
-    v.and_then(|i| {
-        let mut out = Vec::with_capacity(1024);
-        crate::json_line::write_inputs_packed(&mut out, i);
-        String::from_utf8(out).ok()
+/// The `unnest` path's parameter.
+fn inputs_bytes(v: Option<&PolicyInputs>) -> Option<Vec<u8>> {
+    v.map(|i| {
+        let mut out = Vec::with_capacity(96);
+        crate::replay::binary::encode(&mut out, i);
+        out
     })
-    .map(JsonText)
 }
 
 fn i64_of(v: u64) -> i64 {
@@ -160,7 +146,7 @@ const DECISION_COLUMNS: &[(&str, Extract)] = &[
         Extract::Text(|r| r.queue_outcome.as_deref()),
     ),
     ("error", Extract::Text(|r| r.error.as_deref())),
-    ("inputs", Extract::Json(|r| r.inputs.as_ref())),
+    ("inputs", Extract::Inputs(|r| r.inputs.as_ref())),
 ];
 
 /// The columns `/decisions/recent` selects, in the order [`DECISION_COLUMNS`] has them.
@@ -179,7 +165,7 @@ enum Column<'a> {
     Int4(Vec<i32>),
     Float8(Vec<Option<f64>>),
     Bool(Vec<Option<bool>>),
-    Json(Vec<Option<JsonText>>),
+    Inputs(Vec<Option<Vec<u8>>>),
 }
 
 impl<'a> Column<'a> {
@@ -191,7 +177,7 @@ impl<'a> Column<'a> {
             Extract::Int4(f) => Column::Int4(rows.map(f).collect()),
             Extract::Float8(f) => Column::Float8(rows.map(f).collect()),
             Extract::Bool(f) => Column::Bool(rows.map(f).collect()),
-            Extract::Json(f) => Column::Json(rows.map(|r| json_text(f(r))).collect()),
+            Extract::Inputs(f) => Column::Inputs(rows.map(|r| inputs_bytes(f(r))).collect()),
         }
     }
 
@@ -202,7 +188,7 @@ impl<'a> Column<'a> {
             Column::Int4(v) => v,
             Column::Float8(v) => v,
             Column::Bool(v) => v,
-            Column::Json(v) => v,
+            Column::Inputs(v) => v,
         }
     }
 }
@@ -214,7 +200,7 @@ fn sql_type(extract: &Extract) -> &'static str {
         Extract::Int4(_) => "int4",
         Extract::Float8(_) => "float8",
         Extract::Bool(_) => "bool",
-        Extract::Json(_) => "json",
+        Extract::Inputs(_) => "bytea",
     }
 }
 
@@ -389,19 +375,14 @@ fn put_text(buf: &mut Vec<u8>, v: Option<&str>) {
     }
 }
 
-/// A `json` field (binary format: the text), serialised straight into the buffer: no string
-/// per row.
-fn put_json(buf: &mut Vec<u8>, v: Option<&PolicyInputs>) {
+/// The replay inputs' `bytea` field, encoded straight into the buffer: no allocation per row.
+fn put_inputs(buf: &mut Vec<u8>, v: Option<&PolicyInputs>) {
     let Some(v) = v else {
         return put_null(buf);
     };
     let at = buf.len();
     buf.extend_from_slice(&[0, 0, 0, 0]);
-    crate::json_line::write_inputs_packed(buf, v);
-    if buf.len() - at - 4 > MAX_FIELD {
-        buf.truncate(at);
-        return put_null(buf);
-    }
+    crate::replay::binary::encode(buf, v);
     let len = (buf.len() - at - 4) as i32;
     buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
 }
@@ -437,7 +418,7 @@ impl CopyBatch {
                     Extract::Int4(f) => put_fixed(buf, Some(f(row).to_be_bytes())),
                     Extract::Float8(f) => put_fixed(buf, f(row).map(f64::to_be_bytes)),
                     Extract::Bool(f) => put_fixed(buf, f(row).map(|b| [u8::from(b)])),
-                    Extract::Json(f) => put_json(buf, f(row)),
+                    Extract::Inputs(f) => put_inputs(buf, f(row)),
                 }
             }
         }
@@ -547,7 +528,7 @@ mod tests {
             n, 34,
             "one column per DecisionRecord field, signals flattened, plus completed_at_ms"
         );
-        assert!(sql.contains(&format!("${n}::json[]")));
+        assert!(sql.contains(&format!("${n}::bytea[]")));
         assert!(!sql.contains(&format!("${}::", n + 1)));
         let migrations = super::super::migrate::MIGRATIONS;
         for (name, _) in DECISION_COLUMNS {

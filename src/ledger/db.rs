@@ -10,7 +10,7 @@
 
 use super::batch::{
     add_sla_seconds_sql, copy_decisions_sql, decision_column_list, insert_decisions_sql, Batch,
-    CopyBatch, JsonText, COPY_QUEUE_EVENTS_SQL, INSERT_QUEUE_EVENTS_SQL, SLA_SECOND_MS,
+    CopyBatch, StoredInputs, COPY_QUEUE_EVENTS_SQL, INSERT_QUEUE_EVENTS_SQL, SLA_SECOND_MS,
 };
 use super::row::{LedgerRow, SignalsRow};
 use crate::decisions::RecentFilter;
@@ -474,7 +474,7 @@ pub(super) fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
         error: r.try_get("error")?,
         // Inputs this build cannot read leave the row without them (replay counts it).
         inputs: r
-            .try_get::<_, Option<JsonText>>("inputs")?
-            .and_then(|j| serde_json::from_str(&j.0).ok()),
+            .try_get::<_, Option<StoredInputs>>("inputs")?
+            .and_then(|i| i.decode()),
     })
 }

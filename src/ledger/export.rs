@@ -54,7 +54,7 @@ pub fn scan(
     let columns = if has_inputs {
         columns
     } else {
-        columns.replace("inputs", "NULL::json AS inputs")
+        columns.replace("inputs", "NULL::bytea AS inputs")
     };
     let sql = format!(
         "SELECT {columns} FROM decisions WHERE received_at_ms >= $1 AND received_at_ms < $2

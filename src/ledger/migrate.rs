@@ -21,6 +21,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "lighter_writes",
         include_str!("migrations/0003_lighter_writes.sql"),
     ),
+    (
+        4,
+        "binary_inputs",
+        include_str!("migrations/0004_binary_inputs.sql"),
+    ),
 ];
 
 /// The advisory-lock key of a schema: stable across processes and builds (not Rust's hasher).

@@ -22,6 +22,8 @@ macro_rules! reasons {
     };
 }
 
+// Add new reasons at the end only: the ledger's binary replay inputs store a reason by its
+// position in this list (src/replay/binary.rs pins it).
 reasons! {
     BelowTierThreshold => "below_tier_pressure_threshold": "Every available signal is below the tier's thresholds.",
     EndpointNotShapeable => "endpoint_not_shapeable": "Not a POST/PUT/PATCH to a completions endpoint: forwarded untouched.",

@@ -3,12 +3,14 @@
 //!
 //! * [`input`]: what each decision record carries for this ([`PolicyInputs`]), captured on the
 //!   request path, and how a policy state is rebuilt from it.
+//! * [`binary`]: the compact form the ledger stores them in.
 //! * [`source`]: reading records (the ledger, JSONL) into replay [`source::Item`]s.
 //! * [`rederive`]: thresholds-mode tier states rebuilt under the candidate's rules.
 //! * [`compare`]: the replay itself and the per-tier / per-tenant summaries (pure).
 //! * [`estimate`]: the latency of a request under a decision it did not get.
 //! * [`report`]: text and JSON output.
 
+pub mod binary;
 pub mod compare;
 pub mod estimate;
 pub mod input;

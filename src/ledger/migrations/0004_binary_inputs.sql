@@ -1,0 +1,11 @@
+-- The replay inputs as `bytea` in a compact binary form (src/replay/binary.rs): ~70 bytes a row
+-- instead of ~300 of packed JSON, which PostgreSQL received, validated, and wrote to heap and WAL
+-- on every insert (issue 13: ~45 % of a row's bytes, bench/RESULTS.md "Ledger rows").
+-- Existing rows keep their JSON text as bytes: binary inputs start with a zero byte, which JSON
+-- text never does, so Sluice reads both from the one column.
+-- Runs inside the migration transaction with search_path set to the ledger's schema. Rewrites
+-- the table once (time proportional to its size; writers queue behind the lock and Sluice
+-- buffers and spools meanwhile). A replica still running an older build during a rolling
+-- upgrade keeps writing: its `COPY` sends the JSON text, which lands as those bytes; only its
+-- spool replays (an `INSERT` of `json`) are refused until it is replaced, and its spool waits.
+ALTER TABLE decisions ALTER COLUMN inputs TYPE bytea USING convert_to(inputs::text, 'UTF8');
