@@ -813,7 +813,7 @@ fn ledger_config_has_defaults_overrides_and_named_errors() {
     let l = &c.ledger;
     assert_eq!(
         (l.flush_interval_ms, l.batch_rows, l.buffer_rows),
-        (200, 5_000, 20_000)
+        (100, 5_000, 20_000)
     );
     assert_eq!(l.spool_dir, PathBuf::from("/tmp/sluice-spool"));
     assert_eq!(l.spool_max_bytes, 256 * 1024 * 1024);

@@ -835,7 +835,9 @@ impl CoordinationConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LedgerConfig {
-    /// How often the writer sends buffered rows to PostgreSQL, in ms. Default 200.
+    /// How often the writer sends buffered rows to PostgreSQL, in ms. Default 100: half of 200's
+    /// COPY burst, which is what the proxy's p99 waits behind at high concurrency, for the same
+    /// throughput (bench/RESULTS.md, "Overhead at 91823b7").
     pub flush_interval_ms: u64,
     /// Rows per batch (one `COPY`); a flush also starts as soon as this many rows are buffered.
     /// Default 5000: more than one flush interval holds at one replica's rates, so batches go out
@@ -871,7 +873,7 @@ pub struct LedgerConfig {
 impl Default for LedgerConfig {
     fn default() -> Self {
         Self {
-            flush_interval_ms: 200,
+            flush_interval_ms: 100,
             batch_rows: 5_000,
             buffer_rows: 20_000,
             spool_dir: PathBuf::from("/tmp/sluice-spool"),
