@@ -1,5 +1,5 @@
 //! Compact JSON for what is written once per request: the decision record (the log line) and
-//! its policy inputs (the ledger's `inputs` column). The output reads back through serde as
+//! its policy inputs (packed, in the line). The output reads back through serde as
 //! the value written, and its objects are byte for byte what `serde_json::to_vec` writes; the
 //! inputs are packed into arrays (see [`records`]). A string goes through
 //! serde_json's escaper only when it holds a byte that needs escaping.

@@ -217,10 +217,10 @@ fn record(out: &mut Vec<u8>, r: &DecisionRecord, inputs_form: Option<Form>) {
 
 /// Appends `i` packed: every struct as an array of its field values in declaration order (an
 /// absent optional one as `null`), which `serde_json::from_slice::<PolicyInputs>` reads back as
-/// the same value. What the ledger stores: the field names were ~0.35 KB of the ~0.6 KB
-/// object, in every row, and PostgreSQL's cost of a row grows with its bytes (receiving the
-/// COPY stream, checking the `json`, the heap and WAL writes). Positional, so any change to
-/// the fields, even an added optional one, needs a new [`crate::replay::input::VERSION`].
+/// the same value. The log line's form (and the ledger's before migration 4, which stores
+/// [`crate::replay::binary`] instead): the field names were ~0.35 KB of the ~0.6 KB object, on
+/// every line. Positional, so any change to the fields, even an added optional one, needs a
+/// new [`crate::replay::input::VERSION`].
 pub fn write_inputs_packed(out: &mut Vec<u8>, i: &PolicyInputs) {
     inputs(out, i, Form::Packed);
 }

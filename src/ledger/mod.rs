@@ -13,7 +13,8 @@
 //! * [`export`]: rows over a time range, for `sluice replay` and its JSONL export.
 //!
 //! Tables: `decisions` (one row per request, every [`crate::decisions::DecisionRecord`] field
-//! as a column, signals flattened to `signal_*`, the replay inputs as `inputs` JSON) and
+//! as a column, signals flattened to `signal_*`, the replay inputs as `inputs` bytes in the
+//! binary form of [`crate::replay::binary`]) and
 //! `queue_events` (the queue lifecycle —
 //! `queue_queued`, `queue_released`, `queue_timed_out`, `queue_dropped` — one row per event,
 //! derived from the record's `queue_outcome` and `queue_wait_ms` and written in the same
