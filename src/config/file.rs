@@ -837,7 +837,7 @@ impl CoordinationConfig {
 pub struct LedgerConfig {
     /// How often the writer sends buffered rows to PostgreSQL, in ms. Default 100: half of 200's
     /// COPY burst, which is what the proxy's p99 waits behind at high concurrency, for the same
-    /// throughput (bench/RESULTS.md, "Overhead at 91823b7").
+    /// throughput (bench/RESULTS.md, "Overhead at 91823b7 and 62a51e8").
     pub flush_interval_ms: u64,
     /// Rows per batch (one `COPY`); a flush also starts as soon as this many rows are buffered.
     /// Default 5000: more than one flush interval holds at one replica's rates, so batches go out

@@ -1,6 +1,7 @@
--- The replay inputs as `bytea` in a compact binary form (src/replay/binary.rs): ~70 bytes a row
+-- The replay inputs as `bytea` in a compact binary form (src/replay/binary.rs): ~60 bytes a row
 -- instead of ~300 of packed JSON, which PostgreSQL received, validated, and wrote to heap and WAL
--- on every insert (issue 13: ~45 % of a row's bytes, bench/RESULTS.md "Ledger rows").
+-- on every insert (issue 13: ~45 % of a row's bytes; bench/RESULTS.md, "Overhead at 91823b7
+-- and 62a51e8").
 -- Existing rows keep their JSON text as bytes: binary inputs start with a zero byte, which JSON
 -- text never does, so Sluice reads both from the one column.
 -- Runs inside the migration transaction with search_path set to the ledger's schema. Rewrites
