@@ -8,5 +8,6 @@
 -- the table once (time proportional to its size; writers queue behind the lock and Sluice
 -- buffers and spools meanwhile). A replica still running an older build during a rolling
 -- upgrade keeps writing: its `COPY` sends the JSON text, which lands as those bytes; only its
--- spool replays (an `INSERT` of `json`) are refused until it is replaced, and its spool waits.
+-- spool replays (an `INSERT` of `json`) are refused until it is replaced, and its spool waits;
+-- its /decisions/recent cannot read the column and answers from its in-memory ring.
 ALTER TABLE decisions ALTER COLUMN inputs TYPE bytea USING convert_to(inputs::text, 'UTF8');
