@@ -30,19 +30,13 @@ enum Extract {
     Inputs(fn(&LedgerRow) -> Option<&PolicyInputs>),
 }
 
-/// The `inputs` column's bytes as stored: `bytea` since migration 0004, `json` or `jsonb` in a
-/// schema a running Sluice has not migrated yet (an export reads any of them); the `postgres`
-/// crate's own JSON support is a feature this build does not enable. `jsonb`'s binary format
-/// is a version byte, 1, then the text; `json`'s and `bytea`'s are the bytes themselves.
+/// The `inputs` column read back: `bytea` since migration 0004, `json` or `jsonb` in a schema a
+/// running Sluice has not migrated yet (an export reads any of them); the `postgres` crate's own
+/// JSON support is a feature this build does not enable. `jsonb`'s binary format is a version
+/// byte, 1, then the text; `json`'s and `bytea`'s are the bytes themselves. `None` when this
+/// build cannot read them (replay counts the row).
 #[derive(Debug)]
-pub struct StoredInputs(pub Vec<u8>);
-
-impl StoredInputs {
-    /// The inputs, or `None` when this build cannot read them (replay counts the row).
-    pub fn decode(&self) -> Option<PolicyInputs> {
-        crate::replay::binary::decode(&self.0)
-    }
-}
+pub struct StoredInputs(pub Option<PolicyInputs>);
 
 impl<'a> FromSql<'a> for StoredInputs {
     fn from_sql(
@@ -57,7 +51,7 @@ impl<'a> FromSql<'a> for StoredInputs {
         } else {
             raw
         };
-        Ok(StoredInputs(bytes.to_vec()))
+        Ok(StoredInputs(crate::replay::binary::decode(bytes)))
     }
 
     fn accepts(ty: &Type) -> bool {

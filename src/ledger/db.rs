@@ -475,6 +475,6 @@ pub(super) fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
         // Inputs this build cannot read leave the row without them (replay counts it).
         inputs: r
             .try_get::<_, Option<StoredInputs>>("inputs")?
-            .and_then(|i| i.decode()),
+            .and_then(|i| i.0),
     })
 }

@@ -178,9 +178,11 @@ impl Reader<'_> {
     }
 
     fn opt_float(&mut self, present: bool) -> Option<Option<f64>> {
-        present
-            .then(|| self.float())
-            .map_or(Some(None), |v| v.map(Some))
+        if present {
+            self.float().map(Some)
+        } else {
+            Some(None)
+        }
     }
 
     fn inputs(&mut self) -> Option<PolicyInputs> {
@@ -260,18 +262,16 @@ impl Reader<'_> {
     }
 }
 
-/// The code of `name` in `T`'s list, for tests that pin the positions.
-#[cfg(test)]
-fn position<T: Code>(name: &str) -> Option<usize> {
-    let v: T = super::input::parse_code(name)?;
-    T::all().iter().position(|c| c.code() == v.code())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::{PolicyMode, Pool, PressureState, Reason, SignalKind, Tier};
     use crate::replay::input::tests::sample;
+
+    /// The position of `name` in `T`'s list.
+    fn position<T: Code>(name: &str) -> Option<usize> {
+        T::all().iter().position(|c| c.code() == name)
+    }
 
     fn round_trip(i: &PolicyInputs) -> PolicyInputs {
         let mut out = Vec::new();
