@@ -8,6 +8,7 @@
 use crate::backend_tls::{BackendTls, UpstreamTls};
 use crate::config::{backend_of_url, Config, HealthCheckConfig, PoolConfig};
 use crate::policy::Pool;
+use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
 use pingora::http::RequestHeader;
 use pingora::lb::health_check::{HealthCheck, HttpHealthCheck};
@@ -15,6 +16,7 @@ use pingora::lb::{Backend, LoadBalancer};
 use pingora::prelude::RoundRobin;
 use pingora::services::background::{background_service, GenBackgroundService};
 use serde::Serialize;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -173,15 +175,49 @@ pub struct PoolHandle {
     /// capacity: its traffic counts there, and adaptive mode sends none to a saturated pool.
     pub runs_on: Option<Pool>,
     infos: Arc<BackendInfos>,
-    /// [`PoolSet::any_usable`]'s last answer with the registry generation it was computed at
-    /// (`generation << 1 | usable`; `u64::MAX` before the first): every request asks it of the
-    /// spot and fallback pools, and each backend's health lookup hashes the backend twice.
-    usable_at: AtomicU64,
+    /// The usable backends as of one registry generation, which every request picks from and
+    /// asks about (the spot and fallback pools' `any_usable`). Asking the balancer instead
+    /// (`select_with`: its health map and the health rule's lookup, each hashing the backend, a
+    /// set of the backends tried, then the backend's info by address) was ~2k instructions a
+    /// request, the largest part of `upstream_peer` (bench/RESULTS.md, "Overhead at …").
+    usable: ArcSwapOption<UsableSet>,
+}
+
+/// A pool's usable backends, in the balancer's order, each with its [`BackendInfo`].
+struct UsableSet {
+    generation: u64,
+    backends: Box<[(Backend, BackendInfo)]>,
+}
+
+impl UsableSet {
+    /// Round robin from this thread's counter (each worker rotates on its own, which spreads
+    /// requests as evenly as one shared counter without both cores writing it), skipping
+    /// `exclude` while another backend is usable.
+    fn pick(&self, exclude: Option<&str>) -> Option<(Backend, BackendInfo)> {
+        thread_local! {
+            static NEXT: Cell<usize> = const { Cell::new(0) };
+        }
+        let n = self.backends.len();
+        if n == 0 {
+            return None;
+        }
+        let start = NEXT.with(|c| {
+            let v = c.get();
+            c.set(v.wrapping_add(1));
+            v
+        });
+        let at = |i: usize| &self.backends[(start + i) % n];
+        let chosen = (0..n)
+            .map(at)
+            .find(|(_, info)| exclude.is_none_or(|x| *info.name != *x))
+            .unwrap_or_else(|| at(0));
+        Some(chosen.clone())
+    }
 }
 
 impl PoolHandle {
     /// The name and TLS settings of one of this pool's backends.
-    pub fn info(&self, b: &Backend) -> BackendInfo {
+    fn info(&self, b: &Backend) -> BackendInfo {
         b.addr
             .as_inet()
             .and_then(|a| self.infos.get(a))
@@ -240,7 +276,7 @@ impl PoolSet {
                 model,
                 runs_on: None,
                 infos,
-                usable_at: AtomicU64::new(u64::MAX),
+                usable: ArcSwapOption::empty(),
             };
             services.push(svc);
             Ok::<_, std::io::Error>(handle)
@@ -329,18 +365,11 @@ impl PoolSet {
         h.balancer.backends().ready(b) && self.registry.passed_once(b)
     }
 
-    /// A usable backend of `h`, avoiding `exclude` (the one that just failed) when possible.
-    pub fn select(&self, h: &PoolHandle, exclude: Option<&str>) -> Option<Backend> {
-        let pick = |skip: Option<&str>| {
-            h.balancer.select_with(b"", 256, |b, healthy| {
-                healthy
-                    && self.registry.passed_once(b)
-                    && skip.is_none_or(|s| s != b.addr.to_string())
-            })
-        };
-        pick(exclude).or_else(|| exclude.and_then(|_| pick(None)))
+    /// A usable backend of `h` and its info, avoiding `exclude` (the one that just failed) when
+    /// another is usable.
+    pub fn select(&self, h: &PoolHandle, exclude: Option<&str>) -> Option<(Backend, BackendInfo)> {
+        self.with_usable(h, |set| set.pick(exclude))
     }
-
     pub fn healthy_count(&self, h: &PoolHandle) -> usize {
         h.balancer
             .backends()
@@ -351,22 +380,32 @@ impl PoolSet {
     }
 
     pub fn any_usable(&self, h: &PoolHandle) -> bool {
-        // A flip during the computation bumps the generation after storing the new health, so
-        // an answer cached under the older generation is recomputed by the next caller.
+        self.with_usable(h, |set| !set.backends.is_empty())
+    }
+
+    /// Runs `f` on `h`'s usable backends, recomputed when the registry's generation moved.
+    /// A flip during the computation bumps the generation after storing the new health, so a
+    /// set computed under the older generation is recomputed by the next caller.
+    fn with_usable<T>(&self, h: &PoolHandle, f: impl FnOnce(&UsableSet) -> T) -> T {
         let generation = self.registry.generation.load(Ordering::Acquire);
-        let cached = h.usable_at.load(Ordering::Relaxed);
-        if cached != u64::MAX && cached >> 1 == generation {
-            return cached & 1 == 1;
+        let cached = h.usable.load();
+        if let Some(set) = cached.as_deref().filter(|s| s.generation == generation) {
+            return f(set);
         }
-        let usable = h
+        let backends = h
             .balancer
             .backends()
             .get_backend()
             .iter()
-            .any(|b| self.usable(h, b));
-        h.usable_at
-            .store(generation << 1 | u64::from(usable), Ordering::Relaxed);
-        usable
+            .filter(|b| self.usable(h, b))
+            .map(|b| (b.clone(), h.info(b)))
+            .collect();
+        let set = Arc::new(UsableSet {
+            generation,
+            backends,
+        });
+        h.usable.store(Some(Arc::clone(&set)));
+        f(&set)
     }
 
     /// The first fallback pool with a usable backend.
@@ -490,6 +529,45 @@ fn http_check(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn set_of(addrs: &[&str]) -> UsableSet {
+        UsableSet {
+            generation: 0,
+            backends: addrs
+                .iter()
+                .map(|a| {
+                    let b = Backend::new(a).unwrap();
+                    let name = b.addr.to_string().into();
+                    (b, BackendInfo { name, tls: None })
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn picks_rotate_over_the_usable_backends_and_avoid_the_one_that_failed() {
+        let set = set_of(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+        let names = |n: usize, exclude: Option<&str>| -> Vec<String> {
+            (0..n)
+                .map(|_| set.pick(exclude).unwrap().1.name.to_string())
+                .collect()
+        };
+        let mut round = names(3, None);
+        round.sort();
+        assert_eq!(round, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+        let avoiding = names(6, Some("127.0.0.1:2"));
+        assert!(avoiding.iter().all(|n| n != "127.0.0.1:2"), "{avoiding:?}");
+        assert!(avoiding.contains(&"127.0.0.1:1".to_string()));
+        assert!(avoiding.contains(&"127.0.0.1:3".to_string()));
+        // The backend that failed is still better than none.
+        let only = set_of(&["127.0.0.1:9"]);
+        let (b, info) = only.pick(Some("127.0.0.1:9")).unwrap();
+        assert_eq!(
+            (b.addr.to_string(), &*info.name),
+            ("127.0.0.1:9".into(), "127.0.0.1:9")
+        );
+        assert!(set_of(&[]).pick(None).is_none());
+    }
 
     #[test]
     fn passed_once_holds_per_backend_until_every_backend_has_passed() {

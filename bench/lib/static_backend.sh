@@ -61,7 +61,7 @@ proxy_for() {
   local redis=("redis_url: redis://127.0.0.1:6379" "coordination: {redis_prefix: ${name//_/-}}")
   case $cfg in
     bare) cmd=("$(dirname "$BIN")/sluice-bench" bare-proxy --listen "127.0.0.1:$port"
-               --upstream "127.0.0.1:$backend" --threads=2); ready=/health; return ;;
+               --upstream "127.0.0.1:$backend" --threads="${SLUICE_THREADS:-2}"); ready=/health; return ;;
     sluice) sluice_conf "$port" "$@" ;;
     ledger) sluice_conf "$port" "${ledger[@]}" "$@" ;;
     both) sluice_conf "$port" "${ledger[@]}" "${redis[@]}" "$@" ;;

@@ -21,15 +21,14 @@ pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result
         p => pools.handle(p),
     };
     let exclude = ctx.failed_backend.as_deref();
-    let mut picked = handle.and_then(|h| Some((h, pools.select(h, exclude)?)));
+    let mut picked = handle.and_then(|h| pools.select(h, exclude));
     // Spot emptied between the decision and now: Best-Effort is evicted, not failed.
     if picked.is_none() && pool == Pool::Spot {
         pool = Pool::OnDemand;
         ctx.route_reason = Some(Reason::RouteSpotUnhealthy);
-        let h = &pools.on_demand;
-        picked = pools.select(h, exclude).map(|b| (h, b));
+        picked = pools.select(&pools.on_demand, exclude);
     }
-    let Some((handle, backend)) = picked else {
+    let Some((backend, info)) = picked else {
         ctx.reason = Some(Reason::BackendUnavailable);
         ctx.label = "error";
         return Error::e_explain(
@@ -37,7 +36,6 @@ pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result
             format!("no healthy backend in pool {}", pool.as_str()),
         );
     };
-    let info = handle.info(&backend);
     ctx.pool = Some(pool);
     ctx.backend = Some(info.name);
     let limits = &app.config.load().limits;
