@@ -35,14 +35,19 @@ pub fn request_id_value(ctx: &Ctx) -> Result<HeaderValue> {
 }
 
 /// Sets the decision headers on any response Sluice forwards or makes.
+/// The most headers [`decision_headers`] adds (request id, decision, reason, tier, pool, queue
+/// wait), quota headers aside.
+pub const DECISION_HEADERS: usize = 6;
+
 pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
     // Header names go out in canonical case (standard ones title-cased, others lowercase), as
     // Envoy writes HTTP/1: each insert below then touches one map instead of two, and names are
     // case-insensitive to every client (HTTP/2 has only lowercase ones).
     resp.drop_header_case();
     // Named statically (no parse or copy of each name: ~4k instructions a response through
-    // `insert_header`), and room made once for all of them.
-    resp.reserve_headers(6);
+    // `insert_header`), and room made once for all of them (already there in a proxied
+    // response: `upstream::upstream_peer` asks Pingora for it).
+    resp.reserve_headers(DECISION_HEADERS);
     if !ctx.request_id.is_empty() {
         resp.insert_header_static("x-request-id", request_id_value(ctx)?);
     }

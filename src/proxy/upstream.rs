@@ -54,6 +54,11 @@ pub fn upstream_peer(app: &App, _session: &mut Session, ctx: &mut Ctx) -> Result
     // The request header waits in the write buffer for a Content-Length body and shares its
     // send: one segment and one wake of the backend instead of two (vendor/pingora-core).
     peer.options.coalesce_request_header = true;
+    // The response's names go out in canonical case (`respond::decision_headers`), so their
+    // parsed case is not kept, and the map has room for the decision headers: neither a case
+    // map filled and dropped nor the map grown on every response (vendor/pingora-core).
+    peer.options.preserve_response_header_case = false;
+    peer.options.response_header_room = super::respond::DECISION_HEADERS;
     Ok(Box::new(peer))
 }
 

@@ -546,6 +546,13 @@ pub struct PeerOptions {
     /// write-buffered). Not for requests sending `Expect: 100-continue`, whose header the
     /// server must see before the body. (Sluice patch)
     pub coalesce_request_header: bool,
+    /// HTTP/1: keep the case of the response's header names (a second map beside the headers,
+    /// filled as they are parsed). Off for a proxy that writes names in canonical case anyway.
+    /// Default on, as published. (Sluice patch)
+    pub preserve_response_header_case: bool,
+    /// HTTP/1: room for this many more headers in the parsed response's map, for those a
+    /// proxy adds in its response filter, so adding them does not grow the map. (Sluice patch)
+    pub response_header_room: usize,
     /// Controls automatically forwarded request headers sent to HTTP upstreams.
     pub http_upstream_request_policy: HttpUpstreamRequestPolicy,
     pub extra_proxy_headers: BTreeMap<String, Vec<u8>>,
@@ -606,6 +613,8 @@ impl PeerOptions {
             h2_connection_window_size: None,
             allow_h1_response_invalid_content_length: false,
             coalesce_request_header: false,
+            preserve_response_header_case: true,
+            response_header_room: 0,
             http_upstream_request_policy: HttpUpstreamRequestPolicy::default(),
             extra_proxy_headers: BTreeMap::new(),
             curves: None,

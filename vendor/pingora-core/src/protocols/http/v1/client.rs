@@ -70,6 +70,9 @@ pub struct HttpSession {
     // PeerOptions::coalesce_request_header, and the header it holds back (Sluice patch)
     coalesce_request_header: bool,
     held_header: Option<BytesMut>,
+    // PeerOptions::preserve_response_header_case and response_header_room (Sluice patch)
+    preserve_response_header_case: bool,
+    response_header_room: usize,
 }
 
 /// The largest body a held-back request header is copied in front of (Sluice patch): past it,
@@ -109,6 +112,8 @@ impl HttpSession {
             allow_h1_response_invalid_content_length: false,
             coalesce_request_header: false,
             held_header: None,
+            preserve_response_header_case: true,
+            response_header_room: 0,
         }
     }
 
@@ -120,6 +125,8 @@ impl HttpSession {
                 options.allow_h1_response_invalid_content_length,
             );
             session.coalesce_request_header = options.coalesce_request_header;
+            session.preserve_response_header_case = options.preserve_response_header_case;
+            session.response_header_room = options.response_header_room;
         }
         session
     }
@@ -324,10 +331,13 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, resp.headers);
 
-                        let mut response_header = match ResponseHeader::build(
-                            resp.code.unwrap(),
-                            Some(resp.headers.len()),
-                        ) {
+                        let size_hint = Some(resp.headers.len() + self.response_header_room);
+                        let built = if self.preserve_response_header_case {
+                            ResponseHeader::build(resp.code.unwrap(), size_hint)
+                        } else {
+                            ResponseHeader::build_no_case(resp.code.unwrap(), size_hint)
+                        };
+                        let mut response_header = match built {
                             Ok(header) => Box::new(header),
                             Err(e) => return self.fail_response_header_read(e),
                         };
