@@ -77,8 +77,9 @@ pub async fn request_filter(app: &App, session: &mut Session, ctx: &mut Ctx) -> 
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     ctx.request_id = request_id(app, session);
-    // Upstream, names go in canonical case (see `respond::decision_headers`); dropped here,
-    // before Pingora copies the request header for the upstream, so only one map is copied.
+    // Upstream, names go in canonical case (see `respond::decision_headers`): the connection
+    // guard has Pingora parse them without their case; any other session's case map is dropped
+    // here, before Pingora copies the request header for the upstream.
     session.req_header_mut().drop_header_case();
     if crate::ops::is_ops_path(session.req_header().uri.path()) {
         ctx.ops = true;

@@ -183,6 +183,9 @@ impl ConnGuard {
             // Bounds each gap while the body streams in (Pingora's default is 60 s).
             session.set_read_timeout(Some(Duration::from_millis(limits.body_read_timeout_ms)));
             session.set_pipelined_prefix(prefix);
+            // Names go upstream in canonical case (`admit::request_filter`), so their parsed
+            // case is not kept (vendor/pingora-core).
+            session.set_preserve_header_case(false);
             // Awaited in place: the trait's `process_new_http` boxes the request's whole state
             // machine and copies it into the box, ~13 KiB a request (vendor/pingora-proxy).
             let Some(reused) = self.proxy.process_new_http_unboxed(session, shutdown).await else {

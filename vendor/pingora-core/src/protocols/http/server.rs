@@ -954,6 +954,15 @@ impl Session {
         }
     }
 
+    /// HTTP/1: whether the request's header names keep their case; see
+    /// [`HttpSession::set_preserve_header_case`](crate::protocols::http::v1::server::HttpSession::set_preserve_header_case).
+    /// A noop for other protocols. (Sluice patch)
+    pub fn set_preserve_header_case(&mut self, preserve: bool) {
+        if let Self::H1(s) = self {
+            s.set_preserve_header_case(preserve);
+        }
+    }
+
     /// Queue a downstream proxy task for cancel-safe writing.
     ///
     /// # Panics

@@ -149,6 +149,9 @@ pub struct HttpSession {
     /// call to [`Self::read_request`]. Set via [`Self::set_pipelined_prefix`] after
     /// the previous session's [`BodyReader::take_body_overread`] yielded bytes.
     pipelined_prefix: Option<BytesMut>,
+    /// Keep the case of the request's header names (a second map beside the headers, filled as
+    /// they are parsed). Set via [`Self::set_preserve_header_case`]. (Sluice patch)
+    preserve_header_case: bool,
     /// Set once the idle-branch of [`Self::read_body_or_idle`] has read the
     /// first bytes of a pipelined next request and pushed them onto the body
     /// reader's overread surface. Further idle polls on the same request
@@ -206,6 +209,7 @@ impl HttpSession {
             pipelining_enabled: false,
             pipelined_prefix: None,
             pipelined_idle_bytes_stashed: false,
+            preserve_header_case: true,
         }
     }
 
@@ -349,12 +353,15 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, req.headers);
 
-                        let mut request_header = Box::new(RequestHeader::build(
-                            req.method.unwrap_or(""),
-                            // we path httparse to allow unsafe bytes in the str
-                            req.path.unwrap_or("").as_bytes(),
-                            Some(req.headers.len()),
-                        )?);
+                        let method = req.method.unwrap_or("");
+                        // we path httparse to allow unsafe bytes in the str
+                        let path = req.path.unwrap_or("").as_bytes();
+                        let size_hint = Some(req.headers.len());
+                        let mut request_header = Box::new(if self.preserve_header_case {
+                            RequestHeader::build(method, path, size_hint)?
+                        } else {
+                            RequestHeader::build_no_case(method, path, size_hint)?
+                        });
 
                         request_header.set_version(match req.version {
                             Some(1) => Version::HTTP_11,
@@ -1021,6 +1028,13 @@ impl HttpSession {
     /// previous session yielded overread bytes. The prefix is consumed on the
     /// first [`Self::read_request`] call; the parser treats the prefix + any
     /// further stream reads as the next request's header + body bytes.
+    /// Whether the request's header names keep their case: off for a proxy that forwards them
+    /// in canonical case anyway, which then neither fills nor drops a second map per request.
+    /// Default on, as published. (Sluice patch)
+    pub fn set_preserve_header_case(&mut self, preserve: bool) {
+        self.preserve_header_case = preserve;
+    }
+
     pub fn set_pipelined_prefix(&mut self, prefix: BytesMut) {
         debug_assert!(
             self.pipelined_prefix.is_none(),
