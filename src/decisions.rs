@@ -121,11 +121,12 @@ pub struct DecisionRing {
 /// One worker's records, each with its place in the ring's global order.
 type Shard = VecDeque<(u64, Arc<DecisionRecord>)>;
 
-/// Shards per ring: more than a proxy's worker threads, so each worker usually owns one.
-const RING_SHARDS: usize = 16;
+/// Shards of per-worker state (this ring, the connection guard's stop signal): more than a
+/// proxy's worker threads, so each worker usually owns one.
+pub const RING_SHARDS: usize = 16;
 
 /// This thread's shard index, handed out in turn on first use.
-fn shard_index() -> usize {
+pub fn shard_index() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % RING_SHARDS;

@@ -10,7 +10,9 @@ use crate::policy::{self, Action, Pool, PoolSignals, Reason, RequestFacts, Tier}
 use crate::shaping::{self, Shaped};
 use bytes::{Bytes, BytesMut};
 use pingora::prelude::*;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Pingora's retry buffer holds 64 KiB; a larger pre-read would lose the body (see notes §2).
@@ -466,10 +468,22 @@ async fn take_slot(
         weight: id.weight,
         cost_tokens,
     });
-    let mut draining = app.draining.subscribe();
-    let admitted = tokio::select! {
-        a = app.admission.admit_as(tier, capacity, queue, &claim) => a,
-        _ = draining.wait_for(|d| *d) => Admission::Refused { reason: Reason::Draining, queued_for: None },
+    let mut admit = app.admission.admit_as(tier, capacity, queue, &claim);
+    // Most requests are admitted at the first poll; only one that waits listens for the drain
+    // (which refuses it). Subscribing and checking the drain's channel on every request moved
+    // its counters and lock between the cores; and a request the drain found admitted at once
+    // was served or refused by the toss of `select!`'s branch order.
+    let first = std::future::poll_fn(|cx| Poll::Ready(Future::poll(admit.as_mut(), cx))).await;
+    let admitted = match first {
+        Poll::Ready(a) => a,
+        Poll::Pending => {
+            let mut draining = app.draining.subscribe();
+            tokio::select! {
+                biased;
+                a = &mut admit => a,
+                _ = draining.wait_for(|d| *d) => Admission::Refused { reason: Reason::Draining, queued_for: None },
+            }
+        }
     };
     let queue_wait = |outcome: &str, q: Duration| {
         app.metrics

@@ -40,8 +40,10 @@ pub struct ConnGuard {
     app: Arc<App>,
     listeners: Vec<Listener>,
     /// Flipped when the service stops listening: idle keep-alive connections waiting for their
-    /// next request close, as Pingora's own would.
-    stopping: tokio::sync::watch::Sender<bool>,
+    /// next request close, as Pingora's own would. One channel per worker shard: every read
+    /// that waits subscribes, checks the value and registers a waiter, and on one channel
+    /// those counters and locks moved between the cores on every request.
+    stopping: Box<[tokio::sync::watch::Sender<bool>]>,
 }
 
 /// One configured listener and its open-connection count.
@@ -123,7 +125,9 @@ impl ConnGuard {
             proxy: Arc::new(proxy),
             app,
             listeners,
-            stopping: tokio::sync::watch::channel(false).0,
+            stopping: (0..crate::decisions::RING_SHARDS)
+                .map(|_| tokio::sync::watch::channel(false).0)
+                .collect(),
         }
     }
 
@@ -327,7 +331,7 @@ impl ConnGuard {
         if timer.deadline() != deadline {
             timer.as_mut().reset(deadline);
         }
-        let mut stopping = self.stopping.subscribe();
+        let mut stopping = self.stopping[crate::decisions::shard_index()].subscribe();
         tokio::select! {
             // Bytes already sent win over the deadline and over stopping: a request that
             // arrived is served.
@@ -475,7 +479,9 @@ impl ServerApp for ConnGuard {
     }
 
     async fn cleanup(&self) {
-        self.stopping.send_replace(true);
+        for shard in &self.stopping {
+            shard.send_replace(true);
+        }
         ServerApp::cleanup(&*self.proxy).await;
     }
 }
