@@ -172,11 +172,11 @@ pub struct SignalHub {
     /// Request outcomes on their way from `logging` to the next tick, by pool index.
     outcomes: (SyncSender<PoolOutcome>, Mutex<Receiver<PoolOutcome>>),
     outcomes_dropped: std::sync::atomic::AtomicU64,
-    /// Estimated KV tokens of the requests this replica has in flight, by pool index.
-    inflight_work: Arc<[std::sync::atomic::AtomicU64; 2]>,
-    /// The requests this replica has sent and not finished, keyed by (pool index, decided at,
-    /// sequence): each tick tells the controller how old they are.
-    outstanding: Arc<Mutex<Outstanding>>,
+    /// The work this replica has in flight and the requests it has sent and not finished, one
+    /// shard per worker ([`crate::decisions::shard_index`]): charged and given back on every
+    /// request, one shared counter, lock and map had both cores pull their cache lines back
+    /// and forth several times a request. Readers (a tick, `/status`) sum the shards.
+    work: Box<[Arc<WorkShard>]>,
     /// The policy has had its first sample (readiness waits for it).
     sampled: std::sync::atomic::AtomicBool,
 }
@@ -188,6 +188,14 @@ struct Outstanding {
     next: u64,
 }
 
+/// One worker's share of the work in flight: estimated KV tokens by pool index, and its
+/// outstanding requests.
+#[derive(Debug, Default)]
+struct WorkShard {
+    inflight: [std::sync::atomic::AtomicU64; 2],
+    outstanding: Mutex<Outstanding>,
+}
+
 /// Outstanding requests reported per pool and tick, oldest first (a bound on the tick's work).
 const OUTSTANDING_REPORTED: usize = 4096;
 
@@ -196,17 +204,17 @@ const OUTSTANDING_REPORTED: usize = 4096;
 /// registry until then.
 #[derive(Debug)]
 pub struct WorkCharge {
-    counters: Arc<[std::sync::atomic::AtomicU64; 2]>,
+    shard: Arc<WorkShard>,
     pool: usize,
     tokens: u64,
-    outstanding: Arc<Mutex<Outstanding>>,
     key: (usize, Millis, u64),
 }
 
 impl Drop for WorkCharge {
     fn drop(&mut self) {
-        self.counters[self.pool].fetch_sub(self.tokens, std::sync::atomic::Ordering::Relaxed);
-        self.outstanding
+        self.shard.inflight[self.pool].fetch_sub(self.tokens, std::sync::atomic::Ordering::Relaxed);
+        self.shard
+            .outstanding
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .requests
@@ -256,8 +264,9 @@ impl SignalHub {
                 (tx, Mutex::new(rx))
             },
             outcomes_dropped: Default::default(),
-            inflight_work: Default::default(),
-            outstanding: Default::default(),
+            work: (0..crate::decisions::RING_SHARDS)
+                .map(|_| Arc::default())
+                .collect(),
             sampled: Default::default(),
         }
     }
@@ -323,20 +332,22 @@ impl SignalHub {
         tier: Tier,
         since: Millis,
     ) -> Option<WorkCharge> {
-        let counter = self.inflight_work.get(pool)?;
-        counter.fetch_add(tokens, std::sync::atomic::Ordering::Relaxed);
+        let shard = &self.work[crate::decisions::shard_index()];
+        shard
+            .inflight
+            .get(pool)?
+            .fetch_add(tokens, std::sync::atomic::Ordering::Relaxed);
         let key = {
-            let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+            let mut o = shard.outstanding.lock().unwrap_or_else(|e| e.into_inner());
             o.next += 1;
             let key = (pool, since, o.next);
             o.requests.insert(key, tier);
             key
         };
         Some(WorkCharge {
-            counters: Arc::clone(&self.inflight_work),
+            shard: Arc::clone(shard),
             pool,
             tokens,
-            outstanding: Arc::clone(&self.outstanding),
             key,
         })
     }
@@ -344,13 +355,25 @@ impl SignalHub {
     /// The requests in flight at `now`, oldest first, by pool index: each with its age so far,
     /// as the controller hears them at every tick.
     pub fn outstanding_at(&self, now: Millis) -> [Vec<Outcome>; 2] {
-        let o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
         std::array::from_fn(|pool| {
-            o.requests
-                .range((pool, 0, 0)..(pool + 1, 0, 0))
+            // The oldest of each shard, then the oldest of those (by decision time; within one
+            // millisecond, shard by shard in the order each charged them).
+            let mut oldest: Vec<(Millis, usize, u64, Tier)> = Vec::new();
+            for (i, shard) in self.work.iter().enumerate() {
+                let o = shard.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+                oldest.extend(
+                    o.requests
+                        .range((pool, 0, 0)..(pool + 1, 0, 0))
+                        .take(OUTSTANDING_REPORTED)
+                        .map(|(&(_, since, seq), &tier)| (since, i, seq, tier)),
+                );
+            }
+            oldest.sort_unstable_by_key(|&(since, i, seq, _)| (since, i, seq));
+            oldest
+                .into_iter()
                 .take(OUTSTANDING_REPORTED)
-                .map(|((_, since, _), tier)| {
-                    Outcome::pending(now, *tier, now.saturating_sub(*since) as f64)
+                .map(|(since, _, _, tier)| {
+                    Outcome::pending(now, tier, now.saturating_sub(since) as f64)
                 })
                 .collect()
         })
@@ -358,7 +381,12 @@ impl SignalHub {
 
     /// Work in flight now, by pool index.
     pub fn inflight_work(&self) -> [f64; 2] {
-        let w = |i: usize| self.inflight_work[i].load(std::sync::atomic::Ordering::Relaxed) as f64;
+        let w = |i: usize| {
+            self.work
+                .iter()
+                .map(|s| s.inflight[i].load(std::sync::atomic::Ordering::Relaxed))
+                .sum::<u64>() as f64
+        };
         [w(0), w(1)]
     }
 
@@ -643,6 +671,39 @@ mod tests {
         let [od, sp] = hub.outstanding_at(3_000);
         assert_eq!((od.len(), sp.len()), (1, 0));
         drop(young);
+        assert!(hub.outstanding_at(3_000).iter().all(Vec::is_empty));
+    }
+
+    /// Charged on several workers (each its own shard), the work and the outstanding requests
+    /// are still one replica's: summed, and reported oldest first across the workers.
+    #[test]
+    fn work_charged_on_several_workers_is_summed_and_ordered_by_age() {
+        let hub = Arc::new(SignalHub::new(Clock::new(), 50, PolicyRules::default()));
+        let charges: Vec<WorkCharge> = [
+            (2_000, Tier::Standard),
+            (1_000, Tier::Guaranteed),
+            (1_500, Tier::BestEffort),
+        ]
+        .into_iter()
+        .map(|(since, tier)| {
+            let hub = Arc::clone(&hub);
+            std::thread::spawn(move || hub.charge_work(0, 100, tier, since).unwrap())
+                .join()
+                .unwrap()
+        })
+        .collect();
+        assert_eq!(hub.inflight_work(), [300.0, 0.0]);
+        let [od, _] = hub.outstanding_at(3_000);
+        assert_eq!(
+            od,
+            [
+                Outcome::pending(3_000, Tier::Guaranteed, 2_000.0),
+                Outcome::pending(3_000, Tier::BestEffort, 1_500.0),
+                Outcome::pending(3_000, Tier::Standard, 1_000.0),
+            ]
+        );
+        drop(charges);
+        assert_eq!(hub.inflight_work(), [0.0, 0.0]);
         assert!(hub.outstanding_at(3_000).iter().all(Vec::is_empty));
     }
 
