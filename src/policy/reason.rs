@@ -56,7 +56,7 @@ reasons! {
     QueueDropped => "queue_dropped": "The tier's in-flight capacity and its queue are both full.",
     QueueTimedOut => "queue_timed_out": "Waited in the queue until its deadline without a slot freeing.",
     CoordinatorFailOpen => "coordinator_unavailable_fail_open": "The admission coordinator (Redis) is unreachable: admitted without the shared bound.",
-    Draining => "draining": "Sluice is shutting down and no longer admits requests.",
+    Draining => "draining": "Sluice is shutting down: a request waiting for a slot is refused (one that finds a slot free is still served, and its connection closed).",
     RouteTierPool => "route_tier_pool": "Routed to the tier's preferred pool.",
     RouteSpotUnhealthy => "route_spot_unhealthy_evicted": "Spot has no healthy backend: routed to on-demand.",
     RouteSpotPressure => "route_spot_pressure_evicted": "Spot's own pressure is Critical: routed to on-demand.",
