@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Where finished decision records go besides the in-memory ring (the PostgreSQL ledger).
@@ -121,26 +121,13 @@ pub struct DecisionRing {
 /// One worker's records, each with its place in the ring's global order.
 type Shard = VecDeque<(u64, Arc<DecisionRecord>)>;
 
-/// Shards of per-worker state (this ring, the connection guard's stop signal): more than a
-/// proxy's worker threads, so each worker usually owns one.
-pub const RING_SHARDS: usize = 16;
-
-/// This thread's shard index, handed out in turn on first use.
-pub fn shard_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % RING_SHARDS;
-    }
-    INDEX.with(|i| *i)
-}
-
 impl DecisionRing {
     pub fn new(cap: usize) -> Self {
         let cap = cap.max(1);
         Self {
             cap,
             next: AtomicU64::new(0),
-            shards: (0..RING_SHARDS)
+            shards: (0..crate::worker_shard::COUNT)
                 .map(|_| Mutex::new(VecDeque::new()))
                 .collect(),
         }
@@ -151,7 +138,7 @@ impl DecisionRing {
     pub fn push(&self, r: Arc<DecisionRecord>) {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let evicted = {
-            let mut items = self.shards[shard_index()]
+            let mut items = self.shards[crate::worker_shard::index()]
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             let evicted = (items.len() >= self.cap).then(|| items.pop_front());

@@ -29,3 +29,4 @@ pub mod shaping;
 pub mod signals;
 pub mod sim;
 pub mod tenancy;
+pub mod worker_shard;

@@ -16,7 +16,7 @@ use pingora::lb::{Backend, LoadBalancer};
 use pingora::prelude::RoundRobin;
 use pingora::services::background::{background_service, GenBackgroundService};
 use serde::Serialize;
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -179,8 +179,11 @@ pub struct PoolHandle {
     /// asks about (the spot and fallback pools' `any_usable`). Asking the balancer instead
     /// (`select_with`: its health map and the health rule's lookup, each hashing the backend, a
     /// set of the backends tried, then the backend's info by address) was ~2k instructions a
-    /// request, the largest part of `upstream_peer` (bench/RESULTS.md, "Overhead at …").
+    /// request, the largest part of `upstream_peer` (bench/RESULTS.md, "Overhead at 47a41a1 on an
+    /// Intel host").
     usable: ArcSwapOption<UsableSet>,
+    /// This pool's place in the set, which keys each thread's round-robin counter.
+    ordinal: usize,
 }
 
 /// A pool's usable backends, in the balancer's order, each with its [`BackendInfo`].
@@ -190,20 +193,24 @@ struct UsableSet {
 }
 
 impl UsableSet {
-    /// Round robin from this thread's counter (each worker rotates on its own, which spreads
-    /// requests as evenly as one shared counter without both cores writing it), skipping
-    /// `exclude` while another backend is usable.
-    fn pick(&self, exclude: Option<&str>) -> Option<(Backend, BackendInfo)> {
+    /// Round robin from this thread's counter for pool `ordinal` (each worker rotates on its
+    /// own, which spreads requests as evenly as one shared counter without both cores writing
+    /// it; one counter per pool, so picks alternating between pools still rotate in each),
+    /// skipping `exclude` while another backend is usable.
+    fn pick(&self, ordinal: usize, exclude: Option<&str>) -> Option<(Backend, BackendInfo)> {
         thread_local! {
-            static NEXT: Cell<usize> = const { Cell::new(0) };
+            static NEXT: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
         }
         let n = self.backends.len();
         if n == 0 {
             return None;
         }
-        let start = NEXT.with(|c| {
-            let v = c.get();
-            c.set(v.wrapping_add(1));
+        let start = NEXT.with_borrow_mut(|next| {
+            if next.len() <= ordinal {
+                next.resize(ordinal + 1, 0);
+            }
+            let v = next[ordinal];
+            next[ordinal] = v.wrapping_add(1);
             v
         });
         let at = |i: usize| &self.backends[(start + i) % n];
@@ -277,6 +284,8 @@ impl PoolSet {
                 runs_on: None,
                 infos,
                 usable: ArcSwapOption::empty(),
+                // One per pool built, in order: the services collected so far.
+                ordinal: services.len(),
             };
             services.push(svc);
             Ok::<_, std::io::Error>(handle)
@@ -368,15 +377,11 @@ impl PoolSet {
     /// A usable backend of `h` and its info, avoiding `exclude` (the one that just failed) when
     /// another is usable.
     pub fn select(&self, h: &PoolHandle, exclude: Option<&str>) -> Option<(Backend, BackendInfo)> {
-        self.with_usable(h, |set| set.pick(exclude))
+        self.with_usable(h, |set| set.pick(h.ordinal, exclude))
     }
+
     pub fn healthy_count(&self, h: &PoolHandle) -> usize {
-        h.balancer
-            .backends()
-            .get_backend()
-            .iter()
-            .filter(|b| self.usable(h, b))
-            .count()
+        self.with_usable(h, |set| set.backends.len())
     }
 
     pub fn any_usable(&self, h: &PoolHandle) -> bool {
@@ -549,7 +554,7 @@ mod tests {
         let set = set_of(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
         let names = |n: usize, exclude: Option<&str>| -> Vec<String> {
             (0..n)
-                .map(|_| set.pick(exclude).unwrap().1.name.to_string())
+                .map(|_| set.pick(0, exclude).unwrap().1.name.to_string())
                 .collect()
         };
         let mut round = names(3, None);
@@ -561,12 +566,25 @@ mod tests {
         assert!(avoiding.contains(&"127.0.0.1:3".to_string()));
         // The backend that failed is still better than none.
         let only = set_of(&["127.0.0.1:9"]);
-        let (b, info) = only.pick(Some("127.0.0.1:9")).unwrap();
+        let (b, info) = only.pick(0, Some("127.0.0.1:9")).unwrap();
         assert_eq!(
             (b.addr.to_string(), &*info.name),
             ("127.0.0.1:9".into(), "127.0.0.1:9")
         );
-        assert!(set_of(&[]).pick(None).is_none());
+        assert!(set_of(&[]).pick(0, None).is_none());
+    }
+
+    /// Picks alternating between two pools on one thread still rotate within each pool.
+    #[test]
+    fn alternating_pools_each_rotate_over_their_backends() {
+        let od = set_of(&["127.0.0.1:1", "127.0.0.1:2"]);
+        let spot = set_of(&["127.0.0.1:3", "127.0.0.1:4"]);
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..4 {
+            seen.insert(od.pick(10, None).unwrap().1.name.to_string());
+            seen.insert(spot.pick(11, None).unwrap().1.name.to_string());
+        }
+        assert_eq!(seen.len(), 4, "{seen:?}");
     }
 
     #[test]

@@ -125,7 +125,7 @@ impl ConnGuard {
             proxy: Arc::new(proxy),
             app,
             listeners,
-            stopping: (0..crate::decisions::RING_SHARDS)
+            stopping: (0..crate::worker_shard::COUNT)
                 .map(|_| tokio::sync::watch::channel(false).0)
                 .collect(),
         }
@@ -331,7 +331,7 @@ impl ConnGuard {
         if timer.deadline() != deadline {
             timer.as_mut().reset(deadline);
         }
-        let mut stopping = self.stopping[crate::decisions::shard_index()].subscribe();
+        let mut stopping = self.stopping[crate::worker_shard::index()].subscribe();
         tokio::select! {
             // Bytes already sent win over the deadline and over stopping: a request that
             // arrived is served.

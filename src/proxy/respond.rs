@@ -34,11 +34,11 @@ pub fn request_id_value(ctx: &Ctx) -> Result<HeaderValue> {
         .or_err(pingora::ErrorType::InvalidHTTPHeader, "request id")
 }
 
-/// Sets the decision headers on any response Sluice forwards or makes.
 /// The most headers [`decision_headers`] adds (request id, decision, reason, tier, pool, queue
 /// wait), quota headers aside.
 pub const DECISION_HEADERS: usize = 6;
 
+/// Sets the decision headers on any response Sluice forwards or makes.
 pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
     // Header names go out in canonical case (standard ones title-cased, others lowercase), as
     // Envoy writes HTTP/1: each insert below then touches one map instead of two, and names are

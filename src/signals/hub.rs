@@ -173,7 +173,7 @@ pub struct SignalHub {
     outcomes: (SyncSender<PoolOutcome>, Mutex<Receiver<PoolOutcome>>),
     outcomes_dropped: std::sync::atomic::AtomicU64,
     /// The work this replica has in flight and the requests it has sent and not finished, one
-    /// shard per worker ([`crate::decisions::shard_index`]): charged and given back on every
+    /// shard per worker ([`crate::worker_shard`]): charged and given back on every
     /// request, one shared counter, lock and map had both cores pull their cache lines back
     /// and forth several times a request. Readers (a tick, `/status`) sum the shards.
     work: Box<[Arc<WorkShard>]>,
@@ -264,7 +264,7 @@ impl SignalHub {
                 (tx, Mutex::new(rx))
             },
             outcomes_dropped: Default::default(),
-            work: (0..crate::decisions::RING_SHARDS)
+            work: (0..crate::worker_shard::COUNT)
                 .map(|_| Arc::default())
                 .collect(),
             sampled: Default::default(),
@@ -332,7 +332,7 @@ impl SignalHub {
         tier: Tier,
         since: Millis,
     ) -> Option<WorkCharge> {
-        let shard = &self.work[crate::decisions::shard_index()];
+        let shard = &self.work[crate::worker_shard::index()];
         shard
             .inflight
             .get(pool)?
