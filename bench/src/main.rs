@@ -12,6 +12,7 @@
 mod bare;
 mod flame;
 mod live;
+mod metrics_writes;
 mod model;
 mod model_queue;
 mod overhead;
@@ -148,6 +149,15 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         threads: usize,
     },
+    /// The request path's metric updates from several threads at once: Sluice's per-worker
+    /// shards against one shared vector.
+    MetricsWrites {
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Requests per thread.
+        #[arg(long, default_value_t = 5_000_000)]
+        requests: u64,
+    },
     /// A steady run that samples Sluice's RSS.
     Soak {
         #[command(flatten)]
@@ -208,6 +218,10 @@ fn main() -> ExitCode {
     } = &cli.command
     {
         bare::run(listen, *upstream, *threads);
+    }
+    if let Command::MetricsWrites { threads, requests } = &cli.command {
+        metrics_writes::run(*threads, *requests);
+        return ExitCode::SUCCESS;
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -302,6 +316,8 @@ async fn run(command: Command) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::BareProxy { .. } => unreachable!("served before the runtime starts"),
+        Command::BareProxy { .. } | Command::MetricsWrites { .. } => {
+            unreachable!("run before the runtime starts")
+        }
     }
 }

@@ -5,6 +5,8 @@
 //! all finite sets. There is deliberately no tenant label (tenants are unbounded); per-tenant
 //! questions are answered from the decision records (`/decisions/recent`, the ledger).
 
+mod sharded;
+
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -29,10 +31,11 @@ pub struct Metrics {
     tenants: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Tells this registry's children apart in the per-thread caches ([`request_path`]).
     id: usize,
-    pub decisions: IntCounterVec,
-    pub request_duration: HistogramVec,
-    pub ttfb: HistogramVec,
-    pub overhead: HistogramVec,
+    /// Written by every request: one copy per worker shard (see [`sharded`]).
+    decisions: Sharded<IntCounterVec>,
+    request_duration: Sharded<HistogramVec>,
+    ttfb: Sharded<HistogramVec>,
+    overhead: Sharded<HistogramVec>,
     pub queue_wait: HistogramVec,
     pub upstream_errors: IntCounterVec,
     pub signal_value: GaugeVec,
@@ -46,7 +49,7 @@ pub struct Metrics {
     /// Coordinator events counted by the coordinator itself (fail-open admissions, reclaimed and
     /// lost leases), mirrored here when `/metrics` is rendered.
     pub coordinator_events: IntCounterVec,
-    pub sla: IntCounterVec,
+    sla: Sharded<IntCounterVec>,
     pub tenant_requests: IntCounterVec,
     pub tenant_tokens: IntCounterVec,
     pub signal_available: IntGaugeVec,
@@ -71,16 +74,36 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
-        let hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
-            let h = HistogramVec::new(
+        let hist_vec = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
+            HistogramVec::new(
                 HistogramOpts::new(name, help).buckets(buckets.to_vec()),
                 labels,
             )
-            .expect("static histogram definition");
+            .expect("static histogram definition")
+        };
+        let hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
+            let h = hist_vec(name, help, buckets, labels);
             registry
                 .register(Box::new(h.clone()))
                 .expect("unique metric name");
             h
+        };
+        let sharded_hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
+            let h = Sharded::new(|| hist_vec(name, help, buckets, labels));
+            registry
+                .register(Box::new(h.clone()))
+                .expect("unique metric name");
+            h
+        };
+        let sharded_counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = Sharded::new(|| {
+                IntCounterVec::new(Opts::new(name, help), labels)
+                    .expect("static counter definition")
+            });
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric name");
+            c
         };
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels)
@@ -120,10 +143,10 @@ impl Metrics {
             c
         };
         let metrics = Metrics {
-            decisions: counter("sluice_decisions_total", "Decisions by tier, decision and reason.", &["tier", "decision", "reason"]),
-            request_duration: hist("sluice_request_duration_seconds", "End-to-end request latency seen by Sluice, to the last byte.", LATENCY_BUCKETS, &["tier", "decision"]),
-            ttfb: hist("sluice_time_to_first_byte_seconds", "Time from request arrival to the first response body byte.", LATENCY_BUCKETS, &["tier", "decision"]),
-            overhead: hist("sluice_proxy_overhead_seconds", "Time Sluice adds before the request is sent upstream (queue wait excluded).", OVERHEAD_BUCKETS, &["tier"]),
+            decisions: sharded_counter("sluice_decisions_total", "Decisions by tier, decision and reason.", &["tier", "decision", "reason"]),
+            request_duration: sharded_hist("sluice_request_duration_seconds", "End-to-end request latency seen by Sluice, to the last byte.", LATENCY_BUCKETS, &["tier", "decision"]),
+            ttfb: sharded_hist("sluice_time_to_first_byte_seconds", "Time from request arrival to the first response body byte.", LATENCY_BUCKETS, &["tier", "decision"]),
+            overhead: sharded_hist("sluice_proxy_overhead_seconds", "Time Sluice adds before the request is sent upstream (queue wait excluded).", OVERHEAD_BUCKETS, &["tier"]),
             queue_wait: hist("sluice_queue_wait_seconds", "Time spent in a tier's queue.", QUEUE_BUCKETS, &["tier", "outcome"]),
             upstream_errors: counter("sluice_upstream_errors_total", "Upstream failures by pool and kind.", &["pool", "kind"]),
             signal_value: gauge("sluice_signal_value", "Current signal value per pool (pressure %, queue depth, SLA-violation rate); absent when unavailable.", &["pool", "signal"]),
@@ -142,7 +165,7 @@ impl Metrics {
             tier_headroom: gauge("sluice_tier_headroom", "Adaptive mode: 1 - (latency quantile + vLLM queue delay) / SLA target, per pool and tier; absent without evidence.", &["pool", "tier"]),
             sla_target: gauge("sluice_tier_sla_target_seconds", "Configured SLA latency target per tier.", &["tier"]),
             dependency_up: igauge("sluice_dependency_up", "1 when a configured dependency (ledger, coordinator, prometheus) is healthy, 0 when not.", &["dependency"]),
-            sla: counter("sluice_sla_requests_total", "Completed proxied requests by tier and whether they met their tier's SLA target.", &["tier", "outcome"]),
+            sla: sharded_counter("sluice_sla_requests_total", "Completed proxied requests by tier and whether they met their tier's SLA target.", &["tier", "outcome"]),
             tenant_tokens: counter("sluice_tenant_tokens_total", "Tokens served by tenant, prompt plus completion from the response's usage (only with metrics.tenant_label; tenants past metrics.max_tenants are counted as other): each tenant's share of its tier.", &["tenant", "tier"]),
             tenant_requests: counter("sluice_tenant_requests_total", "Requests by tenant (only with metrics.tenant_label; tenants past metrics.max_tenants are counted as other).", &["tenant", "tier", "decision"]),
             log_dropped: single_counter("sluice_log_lines_dropped_total", "Log records (request lines included) dropped because the log reader fell behind; decisions are still recorded in the ring and the ledger."),
@@ -186,43 +209,41 @@ impl Metrics {
 /// (tier, decision, reason, outcome). `with_label_values` hashes each value byte by byte, takes
 /// the vector's lock and clones the child's `Arc`: ~190 instructions and four atomic
 /// read-modify-writes on cache lines both workers' cores share, five times a request. Here each
-/// thread keeps the children it has resolved, keyed by the label values' addresses (a static
-/// string keeps its address), so a request only updates the child itself. Nothing removes a
-/// child of these vectors (a removed one would live on in the caches, updated unseen).
+/// thread keeps the children it has resolved in its own shard, keyed by the label values'
+/// addresses (a static string keeps its address), so a request only updates the child itself.
+/// Nothing removes a child of these vectors (a removed one would live on in the caches, updated
+/// unseen).
 impl Metrics {
     pub fn count_decision(&self, tier: &'static str, label: &'static str, reason: &'static str) {
         let labels = [tier, label, reason];
-        request_path::with_child(&COUNTERS, (self.id, 0), &self.decisions, labels, |c| {
-            c.inc()
-        });
+        let v = self.decisions.mine();
+        request_path::with_child(&COUNTERS, (self.id, 0), v, labels, |c| c.inc());
     }
 
     pub fn count_sla(&self, tier: &'static str, outcome: &'static str) {
         let labels = [tier, outcome, ""];
-        request_path::with_child(&COUNTERS, (self.id, 1), &self.sla, labels, |c| c.inc());
+        let v = self.sla.mine();
+        request_path::with_child(&COUNTERS, (self.id, 1), v, labels, |c| c.inc());
     }
 
     pub fn observe_duration(&self, tier: &'static str, label: &'static str, secs: f64) {
-        let (v, labels) = (&self.request_duration, [tier, label, ""]);
+        let (v, labels) = (self.request_duration.mine(), [tier, label, ""]);
         request_path::with_child(&HISTOGRAMS, (self.id, 0), v, labels, |h| h.observe(secs));
     }
 
     pub fn observe_ttfb(&self, tier: &'static str, label: &'static str, secs: f64) {
-        let labels = [tier, label, ""];
-        request_path::with_child(&HISTOGRAMS, (self.id, 1), &self.ttfb, labels, |h| {
-            h.observe(secs)
-        });
+        let (v, labels) = (self.ttfb.mine(), [tier, label, ""]);
+        request_path::with_child(&HISTOGRAMS, (self.id, 1), v, labels, |h| h.observe(secs));
     }
 
     pub fn observe_overhead(&self, tier: &'static str, secs: f64) {
-        let labels = [tier, "", ""];
-        request_path::with_child(&HISTOGRAMS, (self.id, 2), &self.overhead, labels, |h| {
-            h.observe(secs)
-        });
+        let (v, labels) = (self.overhead.mine(), [tier, "", ""]);
+        request_path::with_child(&HISTOGRAMS, (self.id, 2), v, labels, |h| h.observe(secs));
     }
 }
 
 use request_path::{COUNTERS, HISTOGRAMS};
+use sharded::Sharded;
 
 mod request_path {
     use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
@@ -308,6 +329,16 @@ impl Default for Metrics {
 mod tests {
     use super::Metrics;
 
+    /// `/metrics` as a scraper reads it: the lines of `name` (with labels), in order.
+    fn lines(m: &Metrics, name: &str) -> Vec<String> {
+        String::from_utf8(m.render())
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .map(str::to_string)
+            .collect()
+    }
+
     /// The cached children are the registry's own, and two registries on one thread (a reload
     /// in tests, two apps in one process) never share one.
     #[test]
@@ -320,29 +351,67 @@ mod tests {
         a.count_sla("Standard", "met");
         a.observe_duration("Standard", "pass", 0.2);
         a.observe_overhead("Standard", 0.0001);
-        let decisions = |m: &Metrics| {
-            m.decisions
-                .with_label_values(&["Standard", "pass", ""])
-                .get()
-        };
-        assert_eq!((decisions(&a), decisions(&b)), (3, 1));
-        assert_eq!(a.sla.with_label_values(&["Standard", "met"]).get(), 1);
-        let d = a.request_duration.with_label_values(&["Standard", "pass"]);
-        assert_eq!((d.get_sample_count(), d.get_sample_sum()), (1, 0.2));
+        let pass = r#"sluice_decisions_total{decision="pass",reason="",tier="Standard"}"#;
+        assert_eq!(lines(&a, pass), [format!("{pass} 3")]);
+        assert_eq!(lines(&b, pass), [format!("{pass} 1")]);
         assert_eq!(
-            a.overhead
-                .with_label_values(&["Standard"])
-                .get_sample_count(),
-            1
+            lines(&a, "sluice_sla_requests_total"),
+            [r#"sluice_sla_requests_total{outcome="met",tier="Standard"} 1"#]
         );
-        let text = String::from_utf8(a.render()).unwrap();
-        assert!(
-            text.contains(r#"sluice_decisions_total{decision="pass",reason="",tier="Standard"} 3"#)
-        );
-        // Another thread resolves its own children of the same registry.
+        let duration = lines(&a, "sluice_request_duration_seconds_");
+        assert!(duration.contains(
+            &r#"sluice_request_duration_seconds_sum{decision="pass",tier="Standard"} 0.2"#.into()
+        ));
+        assert!(duration.contains(
+            &r#"sluice_request_duration_seconds_count{decision="pass",tier="Standard"} 1"#.into()
+        ));
+        assert!(lines(&a, "sluice_proxy_overhead_seconds_count")
+            .contains(&r#"sluice_proxy_overhead_seconds_count{tier="Standard"} 1"#.into()));
+        assert!(lines(&b, "sluice_request_duration_seconds_count").is_empty());
+    }
+
+    /// Each worker writes its own shard; a scrape sums the shards into one series per label
+    /// set, counts, sums and every bucket alike.
+    #[test]
+    fn workers_shards_are_summed_at_scrape() {
+        let m = Metrics::new();
         std::thread::scope(|s| {
-            s.spawn(|| a.count_decision("Standard", "pass", ""));
+            // Powers of two: their sum is exact whatever order the shards are added in.
+            for secs in [0.00390625, 0.03125, 0.25, 4.0] {
+                let m = &m;
+                s.spawn(move || {
+                    m.count_decision("Guaranteed", "pass", "");
+                    m.count_decision("Best-Effort", "reject", "capacity");
+                    m.observe_ttfb("Guaranteed", "pass", secs);
+                });
+            }
         });
-        assert_eq!(decisions(&a), 4);
+        m.count_decision("Guaranteed", "pass", "");
+        assert_eq!(
+            lines(&m, "sluice_decisions_total"),
+            [
+                r#"sluice_decisions_total{decision="pass",reason="",tier="Guaranteed"} 5"#,
+                r#"sluice_decisions_total{decision="reject",reason="capacity",tier="Best-Effort"} 4"#,
+            ]
+        );
+        let ttfb = lines(&m, "sluice_time_to_first_byte_seconds_");
+        let series = |s: &str| format!(r#"sluice_time_to_first_byte_seconds_{s}"#);
+        for (le, n) in [
+            ("0.005", 1),
+            ("0.05", 2),
+            ("0.25", 3),
+            ("2", 3),
+            ("5", 4),
+            ("+Inf", 4),
+        ] {
+            let bucket = series(&format!(
+                r#"bucket{{decision="pass",tier="Guaranteed",le="{le}"}} {n}"#
+            ));
+            assert!(ttfb.contains(&bucket), "{bucket} not in {ttfb:#?}");
+        }
+        assert!(ttfb.contains(&series(
+            r#"sum{decision="pass",tier="Guaranteed"} 4.28515625"#
+        )));
+        assert!(ttfb.contains(&series(r#"count{decision="pass",tier="Guaranteed"} 4"#)));
     }
 }
