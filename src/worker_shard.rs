@@ -1,6 +1,7 @@
 //! Per-worker shards of state every request writes (the decision ring, the connection guard's
-//! stop signal, the work in flight, the request metrics): with one copy, both workers' cores pulled its cache lines
-//! back and forth on every request. Each thread gets a shard index once, in turn.
+//! stop signal, the work in flight, the request metrics): with one copy, both workers' cores
+//! pulled its cache lines back and forth on every request. Each thread gets a shard index once,
+//! in turn.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
