@@ -6,7 +6,7 @@
 //! shared machine the best round is the one least disturbed by other work.
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
-use sluice::metrics::Metrics;
+use sluice::metrics::{Metrics, RequestObservations};
 use std::time::Instant;
 
 pub fn run(threads: usize, per_thread: u64) {
@@ -45,11 +45,13 @@ pub fn run(threads: usize, per_thread: u64) {
     let sharded = || {
         for i in 0..per_thread {
             let secs = (i % 1000) as f64 * 1e-4;
-            metrics.count_decision("Standard", "pass", "");
-            metrics.observe_duration("Standard", "pass", secs);
-            metrics.observe_ttfb("Standard", "pass", secs / 2.0);
-            metrics.observe_overhead("Standard", secs / 100.0);
-            metrics.count_sla("Standard", "met");
+            let o = RequestObservations {
+                duration: Some(secs),
+                ttfb: Some(secs / 2.0),
+                overhead: Some(secs / 100.0),
+                sla_violated: Some(false),
+            };
+            metrics.record_request("Standard", "pass", "", o);
         }
     };
     let time = |work: &(dyn Fn() + Sync)| {

@@ -205,88 +205,113 @@ impl Metrics {
     }
 }
 
+/// What one request's outcome adds to the request-path metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestObservations {
+    /// Seconds to the last byte, time to the first body byte, and Sluice's own added time:
+    /// proxied requests only.
+    pub duration: Option<f64>,
+    pub ttfb: Option<f64>,
+    pub overhead: Option<f64>,
+    /// Whether it missed its tier's SLA target, when judged.
+    pub sla_violated: Option<bool>,
+}
+
 /// The metrics `logging` updates on every request, by label values that are static strings
 /// (tier, decision, reason, outcome). `with_label_values` hashes each value byte by byte, takes
 /// the vector's lock and clones the child's `Arc`: ~190 instructions and four atomic
 /// read-modify-writes on cache lines both workers' cores share, five times a request. Here each
-/// thread keeps the children it has resolved in its own shard, keyed by the label values'
-/// addresses (a static string keeps its address), so a request only updates the child itself.
-/// Nothing removes a child of these vectors (a removed one would live on in the caches, updated
-/// unseen).
+/// thread keeps the children of its own shard for each (tier, decision, reason), found in one
+/// lookup keyed by the label values' addresses (a static string keeps its address), so a request
+/// only updates the children themselves. A child is resolved on its first use, so the exposition
+/// has exactly the series requests have touched. Nothing removes a child of these vectors (a
+/// removed one would live on in the caches, updated unseen).
 impl Metrics {
-    pub fn count_decision(&self, tier: &'static str, label: &'static str, reason: &'static str) {
-        let labels = [tier, label, reason];
-        let v = self.decisions.mine();
-        request_path::with_child(&COUNTERS, (self.id, 0), v, labels, |c| c.inc());
-    }
-
-    pub fn count_sla(&self, tier: &'static str, outcome: &'static str) {
-        let labels = [tier, outcome, ""];
-        let v = self.sla.mine();
-        request_path::with_child(&COUNTERS, (self.id, 1), v, labels, |c| c.inc());
-    }
-
-    pub fn observe_duration(&self, tier: &'static str, label: &'static str, secs: f64) {
-        let (v, labels) = (self.request_duration.mine(), [tier, label, ""]);
-        request_path::with_child(&HISTOGRAMS, (self.id, 0), v, labels, |h| h.observe(secs));
-    }
-
-    pub fn observe_ttfb(&self, tier: &'static str, label: &'static str, secs: f64) {
-        let (v, labels) = (self.ttfb.mine(), [tier, label, ""]);
-        request_path::with_child(&HISTOGRAMS, (self.id, 1), v, labels, |h| h.observe(secs));
-    }
-
-    pub fn observe_overhead(&self, tier: &'static str, secs: f64) {
-        let (v, labels) = (self.overhead.mine(), [tier, "", ""]);
-        request_path::with_child(&HISTOGRAMS, (self.id, 2), v, labels, |h| h.observe(secs));
+    pub fn record_request(
+        &self,
+        tier: &'static str,
+        decision: &'static str,
+        reason: &'static str,
+        o: RequestObservations,
+    ) {
+        let key = (
+            self.id,
+            [tier, decision, reason].map(|l| (l.as_ptr() as usize, l.len())),
+        );
+        request_path::CHILDREN.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            let c = cache.entry(key).or_default();
+            c.decision
+                .get_or_insert_with(|| {
+                    self.decisions
+                        .mine()
+                        .with_label_values(&[tier, decision, reason])
+                })
+                .inc();
+            observe(
+                &mut c.duration,
+                &self.request_duration,
+                o.duration,
+                &[tier, decision],
+            );
+            observe(&mut c.ttfb, &self.ttfb, o.ttfb, &[tier, decision]);
+            observe(&mut c.overhead, &self.overhead, o.overhead, &[tier]);
+            if let Some(violated) = o.sla_violated {
+                let outcome = if violated { "violated" } else { "met" };
+                c.sla[usize::from(violated)]
+                    .get_or_insert_with(|| self.sla.mine().with_label_values(&[tier, outcome]))
+                    .inc();
+            }
+        });
     }
 }
 
-use request_path::{COUNTERS, HISTOGRAMS};
+fn observe(
+    child: &mut Option<Histogram>,
+    vec: &Sharded<HistogramVec>,
+    value: Option<f64>,
+    labels: &[&str],
+) {
+    if let Some(v) = value {
+        child
+            .get_or_insert_with(|| vec.mine().with_label_values(labels))
+            .observe(v);
+    }
+}
+
+use prometheus::Histogram;
 use sharded::Sharded;
 
 mod request_path {
-    use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
     use prometheus::{Histogram, IntCounter};
     use std::cell::RefCell;
     use std::collections::HashMap;
     use std::hash::{BuildHasherDefault, Hasher};
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::thread::LocalKey;
 
-    /// Registry id, metric tag, and each label value's (address, length); unused labels "".
-    type Key = (usize, u8, [(usize, usize); 3]);
-    pub type Cache<M> = RefCell<HashMap<Key, M, BuildHasherDefault<Fx>>>;
+    /// Registry id, and the (address, length) of the tier, decision and reason.
+    type Key = (usize, [(usize, usize); 3]);
+
+    /// One (tier, decision, reason)'s children in this thread's shard.
+    #[derive(Default)]
+    pub struct Children {
+        pub decision: Option<IntCounter>,
+        pub duration: Option<Histogram>,
+        pub ttfb: Option<Histogram>,
+        pub overhead: Option<Histogram>,
+        /// Met, violated.
+        pub sla: [Option<IntCounter>; 2],
+    }
 
     thread_local! {
-        pub static COUNTERS: Cache<IntCounter> = RefCell::default();
-        pub static HISTOGRAMS: Cache<Histogram> = RefCell::default();
+        pub static CHILDREN: RefCell<HashMap<Key, Children, BuildHasherDefault<Fx>>> =
+            RefCell::default();
     }
 
     static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 
     pub fn next_id() -> usize {
         NEXT_ID.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Runs `f` on `vec`'s child for `labels`, resolved once per thread into `cache`.
-    pub fn with_child<T: MetricVecBuilder>(
-        cache: &'static LocalKey<Cache<T::M>>,
-        (id, tag): (usize, u8),
-        vec: &MetricVec<T>,
-        labels: [&'static str; 3],
-        f: impl FnOnce(&T::M),
-    ) {
-        let key = (id, tag, labels.map(|l| (l.as_ptr() as usize, l.len())));
-        cache.with(|cache| {
-            let mut cache = cache.borrow_mut();
-            let child = cache.entry(key).or_insert_with(|| {
-                // The vector's own label count: the unused trailing "" are not its labels.
-                let n = vec.desc()[0].variable_labels.len();
-                vec.with_label_values(&labels[..n])
-            });
-            f(child);
-        });
     }
 
     /// Multiply-rotate hashing of a few words (rustc's FxHash): the keys are addresses, not
@@ -327,7 +352,11 @@ impl Default for Metrics {
 
 #[cfg(test)]
 mod tests {
-    use super::Metrics;
+    use super::{Metrics, RequestObservations};
+
+    fn count(m: &Metrics, tier: &'static str, decision: &'static str, reason: &'static str) {
+        m.record_request(tier, decision, reason, RequestObservations::default());
+    }
 
     /// `/metrics` as a scraper reads it: the lines of `name` (with labels), in order.
     fn lines(m: &Metrics, name: &str) -> Vec<String> {
@@ -344,13 +373,17 @@ mod tests {
     #[test]
     fn cached_updates_reach_their_own_registry() {
         let (a, b) = (Metrics::new(), Metrics::new());
-        for _ in 0..3 {
-            a.count_decision("Standard", "pass", "");
+        for _ in 0..2 {
+            count(&a, "Standard", "pass", "");
         }
-        b.count_decision("Standard", "pass", "");
-        a.count_sla("Standard", "met");
-        a.observe_duration("Standard", "pass", 0.2);
-        a.observe_overhead("Standard", 0.0001);
+        count(&b, "Standard", "pass", "");
+        let served = RequestObservations {
+            duration: Some(0.2),
+            overhead: Some(0.0001),
+            sla_violated: Some(false),
+            ..Default::default()
+        };
+        a.record_request("Standard", "pass", "", served);
         let pass = r#"sluice_decisions_total{decision="pass",reason="",tier="Standard"}"#;
         assert_eq!(lines(&a, pass), [format!("{pass} 3")]);
         assert_eq!(lines(&b, pass), [format!("{pass} 1")]);
@@ -367,7 +400,9 @@ mod tests {
         ));
         assert!(lines(&a, "sluice_proxy_overhead_seconds_count")
             .contains(&r#"sluice_proxy_overhead_seconds_count{tier="Standard"} 1"#.into()));
+        // Only what requests observed has a series: no TTFB was seen, nothing was violated.
         assert!(lines(&b, "sluice_request_duration_seconds_count").is_empty());
+        assert!(lines(&a, "sluice_time_to_first_byte_seconds_count").is_empty());
     }
 
     /// Each worker writes its own shard; a scrape sums the shards into one series per label
@@ -380,13 +415,16 @@ mod tests {
             for secs in [0.00390625, 0.03125, 0.25, 4.0] {
                 let m = &m;
                 s.spawn(move || {
-                    m.count_decision("Guaranteed", "pass", "");
-                    m.count_decision("Best-Effort", "reject", "capacity");
-                    m.observe_ttfb("Guaranteed", "pass", secs);
+                    count(m, "Best-Effort", "reject", "capacity");
+                    let ttfb = RequestObservations {
+                        ttfb: Some(secs),
+                        ..Default::default()
+                    };
+                    m.record_request("Guaranteed", "pass", "", ttfb);
                 });
             }
         });
-        m.count_decision("Guaranteed", "pass", "");
+        count(&m, "Guaranteed", "pass", "");
         assert_eq!(
             lines(&m, "sluice_decisions_total"),
             [

@@ -425,19 +425,14 @@ pub fn logging(app: &App, session: &mut Session, e: Option<&Error>, ctx: &mut Ct
             .settle(&record.tenant, ticket, proxied, completion_tokens);
     }
     let m = &app.metrics;
-    m.count_decision(tier_name, label, reason);
-    if proxied {
-        m.observe_duration(tier_name, label, latency.as_secs_f64());
-        if let Some(t) = ttfb {
-            m.observe_ttfb(tier_name, label, t.as_secs_f64());
-        }
-        if let Some(o) = ctx.overhead {
-            m.observe_overhead(tier_name, o.as_secs_f64());
-        }
-    }
-    if let Some(violated) = record.sla_violated {
-        m.count_sla(tier_name, if violated { "violated" } else { "met" });
-    }
+    let secs = |d: Option<std::time::Duration>| d.filter(|_| proxied).map(|d| d.as_secs_f64());
+    let observed = crate::metrics::RequestObservations {
+        duration: secs(Some(latency)),
+        ttfb: secs(ttfb),
+        overhead: secs(ctx.overhead),
+        sla_violated: record.sla_violated,
+    };
+    m.record_request(tier_name, label, reason, observed);
     let cfg = app.config.load();
     let metrics_cfg = &cfg.metrics;
     if metrics_cfg.tenant_label {
