@@ -23,8 +23,8 @@ pub struct PageRecycler {
     fd: RawFd,
     /// The file offset up to which writeback has been started.
     started: i64,
-    /// The file offset up to which pages have been dropped.
-    dropped: i64,
+    /// Where this writer began (or the file was last truncated to): drops start here.
+    base: i64,
 }
 
 impl PageRecycler {
@@ -39,7 +39,7 @@ impl PageRecycler {
         Some(Self {
             fd,
             started: at,
-            dropped: at,
+            base: at,
         })
     }
 
@@ -57,7 +57,7 @@ impl PageRecycler {
         if end < self.started {
             // Truncated under us (logrotate's copytruncate): start over from there.
             self.started = end;
-            self.dropped = end;
+            self.base = end;
             return;
         }
         if end - self.started < CHUNK {
@@ -68,14 +68,15 @@ impl PageRecycler {
         unsafe {
             // What was started one chunk ago has reached the disk or is about to: dirty pages
             // and pages under writeback are skipped by DONTNEED, so nothing unwritten is lost.
-            if self.started > self.dropped {
+            // The range starts at the base, not at the last drop: a page a slow disk still had
+            // under writeback then is dropped now (the kernel walks only the cached pages).
+            if self.started > self.base {
                 libc::posix_fadvise(
                     self.fd,
-                    self.dropped,
-                    self.started - self.dropped,
+                    self.base,
+                    self.started - self.base,
                     libc::POSIX_FADV_DONTNEED,
                 );
-                self.dropped = self.started;
             }
             libc::sync_file_range(
                 self.fd,
