@@ -46,10 +46,11 @@ impl<V: Collector> Collector for Sharded<V> {
             .collect();
         for mut family in families {
             for m in family.take_metric() {
-                match at.get(&labels_of(&m)) {
+                let labels = labels_of(&m);
+                match at.get(&labels) {
                     Some(&i) => add_into(&mut total.mut_metric()[i], &m, kind),
                     None => {
-                        at.insert(labels_of(&m), total.get_metric().len());
+                        at.insert(labels, total.get_metric().len());
                         total.mut_metric().push(m);
                     }
                 }
