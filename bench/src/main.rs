@@ -11,7 +11,6 @@
 
 mod bare;
 mod flame;
-mod ledger_push;
 mod live;
 mod metrics_writes;
 mod model;
@@ -159,15 +158,6 @@ enum Command {
         #[arg(long, default_value_t = 5_000_000)]
         requests: u64,
     },
-    /// The ledger sink's push from several threads at once while a writer takes batches:
-    /// Sluice's per-worker buffer against one shared queue.
-    LedgerPush {
-        #[arg(long, default_value_t = 2)]
-        threads: usize,
-        /// Pushes per thread.
-        #[arg(long, default_value_t = 1_000_000)]
-        requests: usize,
-    },
     /// A steady run that samples Sluice's RSS.
     Soak {
         #[command(flatten)]
@@ -231,10 +221,6 @@ fn main() -> ExitCode {
     }
     if let Command::MetricsWrites { threads, requests } = &cli.command {
         metrics_writes::run(*threads, *requests);
-        return ExitCode::SUCCESS;
-    }
-    if let Command::LedgerPush { threads, requests } = &cli.command {
-        ledger_push::run(*threads, *requests);
         return ExitCode::SUCCESS;
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -330,7 +316,7 @@ async fn run(command: Command) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::BareProxy { .. } | Command::MetricsWrites { .. } | Command::LedgerPush { .. } => {
+        Command::BareProxy { .. } | Command::MetricsWrites { .. } => {
             unreachable!("run before the runtime starts")
         }
     }

@@ -2,7 +2,6 @@
 //! without it Sluice keeps decisions in the in-memory ring.
 //!
 //! * [`row`]: the ledger's owned copy of a decision record (also the spool's line format).
-//! * [`buffer`]: the rows the request threads pushed and the writer has not taken, per worker.
 //! * [`batch`]: a batch of rows as one `INSERT … SELECT * FROM unnest(…)` per table.
 //! * [`migrate`]: the schema as embedded, versioned migrations (`migrations/*.sql`).
 //! * [`db`]: every statement the ledger runs, on two `r2d2` pools (writes, fast-failing reads).
@@ -23,7 +22,6 @@
 //! request has zero to two events and they are queried by time on their own.
 
 pub mod batch;
-pub mod buffer;
 pub mod db;
 pub mod export;
 pub mod migrate;

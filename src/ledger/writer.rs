@@ -4,9 +4,9 @@
 //! Rows only ever move forward through `[in flight] → [spool] → [buffer]` (oldest to newest),
 //! which is what keeps them in order:
 //!
-//! * [`LedgerSink::record`] (Pingora's `logging` phase) pushes onto its worker's queue of the
-//!   buffer ([`super::buffer`]) and returns; it never does I/O and never waits for the writer. A
-//!   full buffer means the spool cannot keep up with the disk: the row is dropped and counted.
+//! * [`LedgerSink::record`] (Pingora's `logging` phase) pushes onto the buffer under a short
+//!   mutex and returns; it never does I/O and never waits for the writer. A full buffer means the
+//!   spool cannot keep up with the disk: the row is dropped and counted.
 //! * A writer step replays the spool's front first (`INSERT … ON CONFLICT DO NOTHING`: those
 //!   rows may be there already); only when the spool is empty does it take the next batch from
 //!   the buffer, keeping it as the *in-flight* batch until it commits. Those rows were never
@@ -17,10 +17,9 @@
 //!   write is stuck, on shutdown, and at exit. A batch that is spooled *and* later commits is
 //!   replayed once more and skipped by `ON CONFLICT`, so nothing is lost and nothing doubles.
 //!
-//! Lock order, everywhere: in-flight → spool → buffer. The sink takes only its own queue's lock.
+//! Lock order, everywhere: in-flight → spool → buffer. The sink takes only the buffer's lock.
 
 use super::batch::CopyBatch;
-use super::buffer::Buffer;
 use super::db::{Db, InsertError};
 use super::row::{clean, LedgerRow};
 use super::spool::Spool;
@@ -29,6 +28,7 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use serde_json::{json, Value};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -119,7 +119,7 @@ pub struct Ledger {
     settings: Settings,
     db: Db,
     spool_dir: String,
-    buffer: Buffer,
+    buffer: Mutex<VecDeque<Arc<DecisionRecord>>>,
     inflight: Mutex<Option<Inflight>>,
     spool: Mutex<Spool>,
     /// The writer's COPY buffers, reused from batch to batch (only the writer step takes it).
@@ -142,10 +142,10 @@ impl Ledger {
         sla_window_requests: Option<u64>,
     ) -> Arc<Ledger> {
         let ledger = Ledger {
-            buffer: Buffer::new(settings.buffer_rows),
             settings,
             db,
             spool_dir: spool.dir().display().to_string(),
+            buffer: Mutex::new(VecDeque::new()),
             inflight: Mutex::new(None),
             spool: Mutex::new(spool),
             copy: Mutex::new(CopyBatch::default()),
@@ -182,11 +182,17 @@ impl Ledger {
 
     /// Queues a record for writing. Never blocks on I/O while the writer runs.
     pub fn push(&self, record: Arc<DecisionRecord>) {
-        let Some(len) = self.buffer.push(record) else {
-            self.stats
-                .dropped_buffer_full
-                .fetch_add(1, Ordering::Relaxed);
-            return;
+        let len = {
+            let mut buf = lock(&self.buffer);
+            if buf.len() >= self.settings.buffer_rows {
+                drop(buf);
+                self.stats
+                    .dropped_buffer_full
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            buf.push_back(record);
+            buf.len()
         };
         if self.stats.closed.load(Ordering::Acquire) {
             // Nothing will write the buffer any more (the process is exiting): persist now.
@@ -199,7 +205,7 @@ impl Ledger {
     }
 
     pub fn buffered(&self) -> usize {
-        self.buffer.len()
+        lock(&self.buffer).len()
     }
 
     /// Rows that exist only in memory (would be lost by an exit right now).
@@ -347,7 +353,7 @@ impl Ledger {
             f.spooled = true;
             self.stats.inflight_unspooled.store(0, Ordering::Relaxed);
         }
-        let records = self.buffer.take_all();
+        let records: Vec<_> = lock(&self.buffer).drain(..).collect();
         rows.extend(records.into_iter().map(clean));
         if rows.is_empty() {
             return;
@@ -471,16 +477,17 @@ impl Ledger {
             if !lock(&self.spool).is_empty() {
                 return Step::Progress;
             }
-            let records = {
+            let records: Vec<_> = {
+                let mut buf = lock(&self.buffer);
                 let batch = self.settings.batch_rows.max(1);
-                if self.buffer.len() < batch && !*partial {
+                if buf.len() < batch && !*partial {
                     return Step::Idle;
                 }
-                let records = self.buffer.take(batch);
-                if records.len() < batch {
+                let n = buf.len().min(batch);
+                if n < batch {
                     *partial = false;
                 }
-                records
+                buf.drain(..n).collect()
             };
             if records.is_empty() {
                 return Step::Idle;
