@@ -81,65 +81,52 @@ impl Metrics {
             )
             .expect("static histogram definition")
         };
+        // Names are static: a second registration of one is a programming error, found at start.
+        let reg = |c: Box<dyn prometheus::core::Collector>| {
+            registry.register(c).expect("unique metric name")
+        };
         let hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
             let h = hist_vec(name, help, buckets, labels);
-            registry
-                .register(Box::new(h.clone()))
-                .expect("unique metric name");
+            reg(Box::new(h.clone()));
             h
         };
         let sharded_hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
             let h = Sharded::new(|| hist_vec(name, help, buckets, labels));
-            registry
-                .register(Box::new(h.clone()))
-                .expect("unique metric name");
+            reg(Box::new(h.clone()));
             h
         };
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("static counter definition")
+        };
         let sharded_counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = Sharded::new(|| {
-                IntCounterVec::new(Opts::new(name, help), labels)
-                    .expect("static counter definition")
-            });
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric name");
+            let c = Sharded::new(|| counter_vec(name, help, labels));
+            reg(Box::new(c.clone()));
             c
         };
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels)
-                .expect("static counter definition");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric name");
+            let c = counter_vec(name, help, labels);
+            reg(Box::new(c.clone()));
             c
         };
         let igauge = |name: &str, help: &str, labels: &[&str]| {
             let g =
                 IntGaugeVec::new(Opts::new(name, help), labels).expect("static gauge definition");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric name");
+            reg(Box::new(g.clone()));
             g
         };
         let gauge = |name: &str, help: &str, labels: &[&str]| {
             let g = GaugeVec::new(Opts::new(name, help), labels).expect("static gauge definition");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric name");
+            reg(Box::new(g.clone()));
             g
         };
         let single = |name: &str, help: &str| {
             let g = IntGauge::new(name, help).expect("static gauge definition");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric name");
+            reg(Box::new(g.clone()));
             g
         };
         let single_counter = |name: &str, help: &str| {
             let c = IntCounter::new(name, help).expect("static counter definition");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric name");
+            reg(Box::new(c.clone()));
             c
         };
         let metrics = Metrics {
