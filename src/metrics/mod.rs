@@ -82,52 +82,50 @@ impl Metrics {
             .expect("static histogram definition")
         };
         // Names are static: a second registration of one is a programming error, found at start.
-        let reg = |c: Box<dyn prometheus::core::Collector>| {
-            registry.register(c).expect("unique metric name")
-        };
+        fn reg<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric name");
+            c
+        }
         let hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
-            let h = hist_vec(name, help, buckets, labels);
-            reg(Box::new(h.clone()));
-            h
+            reg(&registry, hist_vec(name, help, buckets, labels))
         };
         let sharded_hist = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
-            let h = Sharded::new(|| hist_vec(name, help, buckets, labels));
-            reg(Box::new(h.clone()));
-            h
+            reg(
+                &registry,
+                Sharded::new(|| hist_vec(name, help, buckets, labels)),
+            )
         };
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("static counter definition")
         };
         let sharded_counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = Sharded::new(|| counter_vec(name, help, labels));
-            reg(Box::new(c.clone()));
-            c
+            reg(&registry, Sharded::new(|| counter_vec(name, help, labels)))
         };
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = counter_vec(name, help, labels);
-            reg(Box::new(c.clone()));
-            c
+            reg(&registry, counter_vec(name, help, labels))
         };
         let igauge = |name: &str, help: &str, labels: &[&str]| {
             let g =
                 IntGaugeVec::new(Opts::new(name, help), labels).expect("static gauge definition");
-            reg(Box::new(g.clone()));
-            g
+            reg(&registry, g)
         };
         let gauge = |name: &str, help: &str, labels: &[&str]| {
             let g = GaugeVec::new(Opts::new(name, help), labels).expect("static gauge definition");
-            reg(Box::new(g.clone()));
-            g
+            reg(&registry, g)
         };
         let single = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).expect("static gauge definition");
-            reg(Box::new(g.clone()));
-            g
+            reg(
+                &registry,
+                IntGauge::new(name, help).expect("static gauge definition"),
+            )
         };
         let single_counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).expect("static counter definition");
-            reg(Box::new(c.clone()));
-            c
+            reg(
+                &registry,
+                IntCounter::new(name, help).expect("static counter definition"),
+            )
         };
         let metrics = Metrics {
             decisions: sharded_counter("sluice_decisions_total", "Decisions by tier, decision and reason.", &["tier", "decision", "reason"]),
