@@ -5,18 +5,25 @@
 # at the end) with only the heap, with the primary key, with the tenant index, and with every
 # index the migrations create; then, as alternatives to the shipped schema, without the SLA
 # window's index on completed_at_ms, with it as a BRIN index, and with the indexed text columns in
-# the "C" collation (the database's may be C.UTF-8, which compares through strcoll). Prints wall
-# time per row of each COPY after a CHECKPOINT, ROUNDS times; the psql client's read of the file
-# is in every figure alike, so compare the differences.
+# the "C" collation (the database's may be C.UTF-8, which compares through strcoll); and, as the
+# one layout that drops the per-row index work altogether, the same rows stored a batch to a row
+# (BATCH rows, each column an array, as a writer's batch would be), with PostgreSQL's compression
+# of the arrays and without it. Prints wall time per row (per decision, for the batch layout) of
+# each COPY after a CHECKPOINT, ROUNDS times; the psql client's read of the file is in every
+# figure alike, so compare the differences.
 #   bench/ledger_rows.sh [rows, default 100000] [rounds, default 2]
-# Env: PGURL (default postgres://postgres@127.0.0.1:5432/test).
+# Env: PGURL (default postgres://postgres@127.0.0.1:5432/test), BATCH (default 2400: a 100 ms
+# batch at ~24k requests/s).
 set -euo pipefail
 ROWS=${1:-100000}
 ROUNDS=${2:-2}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432/test}
+BATCH=${BATCH:-2400}
 S=sluice_ledger_rows
 DATA=$(mktemp /tmp/sluice-ledger-rows.XXXXXX)
-trap 'rm -f "$DATA"; psql -q "$PGURL" -c "DROP SCHEMA IF EXISTS $S CASCADE" >/dev/null 2>&1 || true' EXIT
+BATCHES=$(mktemp /tmp/sluice-ledger-batches.XXXXXX)
+trap 'rm -f "$DATA" "$BATCHES"; psql -q "$PGURL" -c "DROP SCHEMA IF EXISTS $S CASCADE" >/dev/null 2>&1 || true' EXIT
+export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 P() { psql -q -v ON_ERROR_STOP=1 "$PGURL" "$@"; }
 have=$(P -Atc "SELECT count(*) FROM sluice_bench.decisions") || {
   echo "needs sluice_bench.decisions: run target/release/sluice-bench overhead first" >&2; exit 1; }
@@ -40,6 +47,35 @@ one() { # label, DDL applied to the empty copy of the table
   t1=$(date +%s%N)
   printf '  %-44s %6.1f µs a row\n' "$1" "$(awk -v d=$((t1 - t0)) -v n="$ROWS" 'BEGIN {print d / n / 1000}')"
 }
+# The batch layout's input: the same rows, BATCH to a row in arrival order, each column an array
+# (in a schema of its own, which one() does not drop).
+B=${S}_batches
+COLS=$(P -Atc "SELECT string_agg(format('array_agg(%I ORDER BY received_at_ms, request_id) AS %I',
+  attname, attname), ', ' ORDER BY attnum) FROM pg_attribute
+  WHERE attrelid = 'sluice_bench.decisions'::regclass AND attnum > 0 AND NOT attisdropped")
+P -c "DROP SCHEMA IF EXISTS $B CASCADE; CREATE SCHEMA $B;
+  CREATE TABLE $B.src AS SELECT * FROM sluice_bench.decisions ORDER BY received_at_ms DESC LIMIT $ROWS;
+  CREATE TABLE $B.numbered AS SELECT (row_number() OVER (ORDER BY received_at_ms, request_id) - 1) / $BATCH
+    AS batch, * FROM $B.src;
+  CREATE TABLE $B.batches AS SELECT batch, min(received_at_ms) AS first_ms, $COLS
+    FROM $B.numbered GROUP BY batch" >/dev/null
+P -c "\copy (SELECT * FROM $B.batches ORDER BY batch) TO '$BATCHES' WITH (FORMAT binary)"
+UNCOMPRESSED=$(P -Atc "SELECT string_agg(format('ALTER TABLE $S.d ALTER COLUMN %I SET STORAGE EXTERNAL;',
+  attname), ' ') FROM pg_attribute WHERE attrelid = '$B.batches'::regclass AND attnum > 2")
+P -c "DROP SCHEMA $B CASCADE" >/dev/null
+batched() { # label, DDL applied to the empty batch table
+  P -c "DROP SCHEMA IF EXISTS $S CASCADE" >/dev/null 2>&1
+  P -c "CREATE SCHEMA $S; CREATE TABLE $S.d (batch bigint PRIMARY KEY, first_ms bigint NOT NULL,
+    $(P -Atc "SELECT string_agg(format('%I %s[]', attname, format_type(atttypid, atttypmod)), ', ' ORDER BY attnum)
+      FROM pg_attribute WHERE attrelid = 'sluice_bench.decisions'::regclass AND attnum > 0 AND NOT attisdropped"));
+    CREATE INDEX ON $S.d (first_ms); $2" >/dev/null
+  P -c "CHECKPOINT" >/dev/null
+  local t0 t1
+  t0=$(date +%s%N)
+  P -c "\copy $S.d FROM '$BATCHES' WITH (FORMAT binary)"
+  t1=$(date +%s%N)
+  printf '  %-44s %6.1f µs a row\n' "$1" "$(awk -v d=$((t1 - t0)) -v n="$ROWS" 'BEGIN {print d / n / 1000}')"
+}
 for r in $(seq "$ROUNDS"); do
   echo "round $r"
   one "heap only" ""
@@ -49,4 +85,6 @@ for r in $(seq "$ROUNDS"); do
   one "  shipped, no index on completed_at_ms" "$PKEY $TENANT $DECISION"
   one "  shipped, completed_at_ms as BRIN" "$PKEY $TENANT $BRIN $DECISION"
   one "  shipped, text keys in the C collation" "$C_KEYS $PKEY $TENANT $COMPLETED $DECISION"
+  batched "a batch a row, arrays compressed" ""
+  batched "a batch a row, arrays uncompressed" "$UNCOMPRESSED"
 done
