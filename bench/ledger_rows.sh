@@ -37,15 +37,19 @@ DECISION="CREATE INDEX ON $S.d (decision, received_at_ms) WHERE decision <> 'pas
 BRIN="CREATE INDEX ON $S.d USING brin (completed_at_ms) WITH (autosummarize = on);"
 C_KEYS="ALTER TABLE $S.d ALTER COLUMN request_id TYPE text COLLATE \"C\",
           ALTER COLUMN tenant TYPE text COLLATE \"C\", ALTER COLUMN decision TYPE text COLLATE \"C\";"
-one() { # label, DDL applied to the empty copy of the table
+# label, the SQL creating the empty table $S.d, the binary COPY file loaded into it
+timed() {
   P -c "DROP SCHEMA IF EXISTS $S CASCADE" >/dev/null 2>&1
-  P -c "CREATE SCHEMA $S; CREATE TABLE $S.d (LIKE sluice_bench.decisions INCLUDING DEFAULTS); $2" >/dev/null
+  P -c "CREATE SCHEMA $S; $2" >/dev/null
   P -c "CHECKPOINT" >/dev/null
   local t0 t1
   t0=$(date +%s%N)
-  P -c "\copy $S.d FROM '$DATA' WITH (FORMAT binary)"
+  P -c "\copy $S.d FROM '$3' WITH (FORMAT binary)"
   t1=$(date +%s%N)
   printf '  %-44s %6.1f µs a row\n' "$1" "$(awk -v d=$((t1 - t0)) -v n="$ROWS" 'BEGIN {print d / n / 1000}')"
+}
+one() { # label, DDL applied to the empty copy of the table
+  timed "$1" "CREATE TABLE $S.d (LIKE sluice_bench.decisions INCLUDING DEFAULTS); $2" "$DATA"
 }
 # The batch layout's input: the same rows, BATCH to a row in arrival order, each column an array
 # (in a schema of its own, which one() does not drop).
@@ -63,18 +67,12 @@ P -c "\copy (SELECT * FROM $B.batches ORDER BY batch) TO '$BATCHES' WITH (FORMAT
 UNCOMPRESSED=$(P -Atc "SELECT string_agg(format('ALTER TABLE $S.d ALTER COLUMN %I SET STORAGE EXTERNAL;',
   attname), ' ') FROM pg_attribute WHERE attrelid = '$B.batches'::regclass AND attnum > 2")
 P -c "DROP SCHEMA $B CASCADE" >/dev/null
+ARRAYS=$(P -Atc "SELECT string_agg(format('%I %s[]', attname, format_type(atttypid, atttypmod)), ', '
+  ORDER BY attnum) FROM pg_attribute
+  WHERE attrelid = 'sluice_bench.decisions'::regclass AND attnum > 0 AND NOT attisdropped")
 batched() { # label, DDL applied to the empty batch table
-  P -c "DROP SCHEMA IF EXISTS $S CASCADE" >/dev/null 2>&1
-  P -c "CREATE SCHEMA $S; CREATE TABLE $S.d (batch bigint PRIMARY KEY, first_ms bigint NOT NULL,
-    $(P -Atc "SELECT string_agg(format('%I %s[]', attname, format_type(atttypid, atttypmod)), ', ' ORDER BY attnum)
-      FROM pg_attribute WHERE attrelid = 'sluice_bench.decisions'::regclass AND attnum > 0 AND NOT attisdropped"));
-    CREATE INDEX ON $S.d (first_ms); $2" >/dev/null
-  P -c "CHECKPOINT" >/dev/null
-  local t0 t1
-  t0=$(date +%s%N)
-  P -c "\copy $S.d FROM '$BATCHES' WITH (FORMAT binary)"
-  t1=$(date +%s%N)
-  printf '  %-44s %6.1f µs a row\n' "$1" "$(awk -v d=$((t1 - t0)) -v n="$ROWS" 'BEGIN {print d / n / 1000}')"
+  timed "$1" "CREATE TABLE $S.d (batch bigint PRIMARY KEY, first_ms bigint NOT NULL, $ARRAYS);
+    CREATE INDEX ON $S.d (first_ms); $2" "$BATCHES"
 }
 for r in $(seq "$ROUNDS"); do
   echo "round $r"
