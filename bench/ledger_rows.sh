@@ -20,9 +20,10 @@ ROUNDS=${2:-2}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432/test}
 BATCH=${BATCH:-2400}
 S=sluice_ledger_rows
+B=${S}_batches
 DATA=$(mktemp /tmp/sluice-ledger-rows.XXXXXX)
 BATCHES=$(mktemp /tmp/sluice-ledger-batches.XXXXXX)
-trap 'rm -f "$DATA" "$BATCHES"; psql -q "$PGURL" -c "DROP SCHEMA IF EXISTS $S CASCADE" >/dev/null 2>&1 || true' EXIT
+trap 'rm -f "$DATA" "$BATCHES"; psql -q "$PGURL" -c "DROP SCHEMA IF EXISTS $S CASCADE; DROP SCHEMA IF EXISTS $B CASCADE" >/dev/null 2>&1 || true' EXIT
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 P() { psql -q -v ON_ERROR_STOP=1 "$PGURL" "$@"; }
 have=$(P -Atc "SELECT count(*) FROM sluice_bench.decisions") || {
@@ -53,7 +54,6 @@ one() { # label, DDL applied to the empty copy of the table
 }
 # The batch layout's input: the same rows, BATCH to a row in arrival order, each column an array
 # (in a schema of its own, which one() does not drop).
-B=${S}_batches
 COLS=$(P -Atc "SELECT string_agg(format('array_agg(%I ORDER BY received_at_ms, request_id) AS %I',
   attname, attname), ', ' ORDER BY attnum) FROM pg_attribute
   WHERE attrelid = 'sluice_bench.decisions'::regclass AND attnum > 0 AND NOT attisdropped")
