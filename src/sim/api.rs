@@ -4,7 +4,12 @@
 //! Everything here is pure so the exact bytes a proxy sees can be tested without a socket.
 
 use bytes::Bytes;
+use http::HeaderMap;
 use serde_json::{json, Value};
+
+/// A test and benchmark hint: how long the answer would be if nothing capped it. A real vLLM
+/// ignores unknown headers, so the same traffic can be replayed against one.
+pub(crate) const OUTPUT_TOKENS_HEADER: &str = "x-sim-output-tokens";
 
 /// Which OpenAI endpoint a request came in on; it decides the body shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +96,10 @@ impl ApiError {
 pub(crate) struct RequestSpec {
     pub model: String,
     pub prompt_tokens: u64,
+    /// The tokens the answer really has.
     pub completion_tokens: u64,
+    /// The request's cap, or the default when it set none: what a reserving engine holds.
+    pub max_tokens: u64,
     /// vLLM reports `length` when the cap was the client's and `stop` when generation ended on
     /// its own, which is how we model a request without a cap.
     pub finish_reason: &'static str,
@@ -99,18 +107,42 @@ pub(crate) struct RequestSpec {
     pub include_usage: bool,
 }
 
-impl RequestSpec {
-    pub(crate) fn kv_need(&self) -> u64 {
-        self.prompt_tokens.saturating_add(self.completion_tokens)
+/// Reads the natural answer length from [`OUTPUT_TOKENS_HEADER`], if the client sent one.
+pub(crate) fn output_tokens(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let mut values = headers.get_all(OUTPUT_TOKENS_HEADER).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    let invalid = |why: &str| {
+        ApiError::bad_request(format!(
+            "{OUTPUT_TOKENS_HEADER}: {why}, got {:?}",
+            String::from_utf8_lossy(first.as_bytes())
+                .chars()
+                .take(64)
+                .collect::<String>()
+        ))
+    };
+    if values.next().is_some() {
+        return Err(invalid("the header must be sent once"));
     }
+    let text = std::str::from_utf8(first.as_bytes()).unwrap_or("").trim();
+    // Digits only: `u64::from_str` would also take a sign, which no client means to send.
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid("Input should be a valid non-negative integer"));
+    }
+    text.parse::<u64>()
+        .map(Some)
+        .map_err(|_| invalid("Input should be a valid non-negative integer"))
 }
 
-/// Validates a parsed request body the way vLLM would and extracts its sizes.
+/// Validates a parsed request body the way vLLM would and extracts its sizes; `output_tokens`
+/// is the natural answer length from [`OUTPUT_TOKENS_HEADER`].
 pub(crate) fn parse_request(
     endpoint: Endpoint,
     body: &Value,
     models: &[String],
     default_max_tokens: u64,
+    output_tokens: Option<u64>,
 ) -> Result<RequestSpec, ApiError> {
     let obj = body
         .as_object()
@@ -157,11 +189,20 @@ pub(crate) fn parse_request(
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let max_tokens = cap.unwrap_or(default_max_tokens).max(1);
+    let (completion_tokens, finish_reason) = match output_tokens {
+        // Without a hint the answer runs to the cap; only a client's own cap reads as `length`.
+        None => (max_tokens, if cap.is_some() { "length" } else { "stop" }),
+        // vLLM counts at least one generated token even when the first one ends the answer.
+        Some(n) if n < max_tokens => (n.max(1), "stop"),
+        Some(_) => (max_tokens, "length"),
+    };
     Ok(RequestSpec {
         model,
         prompt_tokens: estimate_tokens(chars),
-        completion_tokens: cap.unwrap_or(default_max_tokens).max(1),
-        finish_reason: if cap.is_some() { "length" } else { "stop" },
+        completion_tokens,
+        max_tokens,
+        finish_reason,
         stream,
         include_usage,
     })
@@ -349,7 +390,11 @@ mod tests {
     }
 
     fn parse(endpoint: Endpoint, body: Value) -> Result<RequestSpec, ApiError> {
-        parse_request(endpoint, &body, &models(), 128)
+        parse_request(endpoint, &body, &models(), 128, None)
+    }
+
+    fn hinted(body: Value, output_tokens: u64) -> RequestSpec {
+        parse_request(Endpoint::Chat, &body, &models(), 128, Some(output_tokens)).unwrap()
     }
 
     #[test]
@@ -386,7 +431,7 @@ mod tests {
         let s = parse(Endpoint::Chat, json!({"messages": [], "max_tokens": null})).unwrap();
         assert_eq!((s.completion_tokens, s.finish_reason), (128, "stop"));
         assert_eq!(s.model, "m1");
-        assert_eq!(s.kv_need(), 129);
+        assert_eq!(s.max_tokens, 128);
         assert_eq!(
             parse(Endpoint::Chat, json!({"messages": [], "max_tokens": "x"}))
                 .unwrap_err()
@@ -421,6 +466,85 @@ mod tests {
             parse(Endpoint::Completions, json!([1])).unwrap_err().status,
             400
         );
+    }
+
+    #[test]
+    fn output_tokens_hint_caps_the_answer() {
+        let capped = json!({"messages": [], "max_tokens": 100});
+        let s = hinted(capped.clone(), 5);
+        assert_eq!(
+            (s.completion_tokens, s.max_tokens, s.finish_reason),
+            (5, 100, "stop")
+        );
+        // An answer as long as the cap or longer is cut by it.
+        for n in [100, 500] {
+            let s = hinted(capped.clone(), n);
+            assert_eq!((s.completion_tokens, s.finish_reason), (100, "length"));
+        }
+        // Without a cap the default is the cap.
+        let s = hinted(json!({"messages": []}), 5);
+        assert_eq!(
+            (s.completion_tokens, s.max_tokens, s.finish_reason),
+            (5, 128, "stop")
+        );
+        let s = hinted(json!({"messages": []}), 200);
+        assert_eq!((s.completion_tokens, s.finish_reason), (128, "length"));
+        let s = hinted(capped, 0);
+        assert_eq!((s.completion_tokens, s.finish_reason), (1, "stop"));
+
+        // Usage and the finish chunk carry the real length, streamed or not.
+        let s = hinted(
+            json!({"messages": [], "max_tokens": 100, "stream": true,
+                   "stream_options": {"include_usage": true}}),
+            5,
+        );
+        let v: Value = serde_json::from_slice(&completion_body(&meta(Endpoint::Chat), &s)).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "tok ".repeat(5));
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(v["usage"]["completion_tokens"], 5);
+        let f = sse_frames(&meta(Endpoint::Chat), &s);
+        let finish: Value =
+            serde_json::from_slice(f.finish.strip_prefix(b"data: ").unwrap()).unwrap();
+        assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+        let usage: Value =
+            serde_json::from_slice(f.usage.unwrap().strip_prefix(b"data: ").unwrap()).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], 5);
+    }
+
+    #[test]
+    fn output_tokens_header_parsing() {
+        let headers = |values: &[&[u8]]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(
+                    OUTPUT_TOKENS_HEADER,
+                    http::HeaderValue::from_bytes(v).unwrap(),
+                );
+            }
+            h
+        };
+        assert_eq!(output_tokens(&headers(&[])), Ok(None));
+        assert_eq!(output_tokens(&headers(&[b"5"])), Ok(Some(5)));
+        assert_eq!(output_tokens(&headers(&[b" 007 "])), Ok(Some(7)));
+        let bad: &[&[&[u8]]] = &[
+            &[b""],
+            &[b"-1"],
+            &[b"+1"],
+            &[b"1.5"],
+            &[b"five"],
+            &[b"99999999999999999999999"],
+            &[b"\xff"],
+            &[b"1", b"2"],
+        ];
+        for bad in bad {
+            let e = output_tokens(&headers(bad)).unwrap_err();
+            assert_eq!((e.status, e.kind), (400, "BadRequestError"), "{bad:?}");
+            assert!(
+                e.message.starts_with("x-sim-output-tokens: "),
+                "{}",
+                e.message
+            );
+        }
     }
 
     fn meta(endpoint: Endpoint) -> ResponseMeta {

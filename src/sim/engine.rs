@@ -5,6 +5,14 @@
 //! a large request at the head holds back smaller ones behind it. Latency grows with the share of
 //! KV in use because bigger batches make every decode step slower. This module reproduces exactly
 //! that, and nothing about HTTP.
+//!
+//! Two things are counted apart: the KV a sequence *reserves* (what admission and vLLM's
+//! `kv_cache_usage_perc` see) and the KV it *writes* (prompt + the tokens its answer really has,
+//! what decode has to read). They are equal unless the engine reserves for `max_tokens`, where a
+//! reservation nobody writes into still blocks admission but costs no memory bandwidth. The
+//! written share counts each answer whole from admission rather than token by token: that keeps
+//! a running set exactly as fast under either reservation model, so switching models changes
+//! admission alone, and keeps the default model's latency what it always was.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +20,60 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+
+/// How much KV a sequence holds from admission to its end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvReserve {
+    /// Prompt + the completion tokens the request will actually generate
+    #[default]
+    Output,
+    /// Prompt + max_tokens, held until the request ends even when it stops early (vLLM without
+    /// preemption)
+    MaxTokens,
+}
+
+impl KvReserve {
+    pub(crate) fn footprint(self, prompt: u64, output: u64, max_tokens: u64) -> Footprint {
+        let written = prompt.saturating_add(output);
+        let reserved = match self {
+            KvReserve::Output => written,
+            // An answer never outgrows its cap, but a caller passing one that does must not get
+            // a reservation smaller than what it writes.
+            KvReserve::MaxTokens => prompt.saturating_add(max_tokens.max(output)),
+        };
+        Footprint { reserved, written }
+    }
+}
+
+/// One sequence's KV cost in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Footprint {
+    /// Held from admission to the end; decides admission and the reported usage.
+    pub reserved: u64,
+    /// Prompt + the answer's real length; decides how slow decode gets.
+    pub written: u64,
+}
+
+impl From<u64> for Footprint {
+    fn from(tokens: u64) -> Self {
+        Self {
+            reserved: tokens,
+            written: tokens,
+        }
+    }
+}
+
+impl Footprint {
+    /// At least one token (an empty request still occupies a slot), and never more written than
+    /// reserved.
+    fn normalized(self) -> Self {
+        let reserved = self.reserved.max(1);
+        Self {
+            reserved,
+            written: self.written.clamp(1, reserved),
+        }
+    }
+}
 
 /// The numbers that shape admission and latency.
 #[derive(Debug, Clone)]
@@ -22,6 +84,7 @@ pub(crate) struct EngineConfig {
     pub prefill_us_per_token: f64,
     pub itl_ms: f64,
     pub load_slowdown: f64,
+    pub kv_reserve: KvReserve,
 }
 
 /// A request whose KV need exceeds the whole budget: vLLM rejects these instead of queueing them
@@ -37,7 +100,9 @@ pub(crate) struct TooLarge {
 pub(crate) struct Snapshot {
     pub running: usize,
     pub waiting: usize,
+    /// Reserved tokens, the numerator of `kv_usage`.
     pub kv_used: u64,
+    pub kv_written: u64,
     pub kv_usage: f64,
     pub peak_running: usize,
     pub peak_in_flight: usize,
@@ -51,14 +116,17 @@ pub(crate) struct Engine {
 struct Inner {
     cfg: EngineConfig,
     state: Mutex<State>,
-    /// Mirror of `State::kv_used` so per-token latency checks never contend on the lock.
+    /// Mirrors of `State::kv_used` and `State::kv_written` so per-token latency checks never
+    /// contend on the lock.
     kv_used: AtomicU64,
+    kv_written: AtomicU64,
 }
 
 #[derive(Default)]
 struct State {
     running: usize,
     kv_used: u64,
+    kv_written: u64,
     queue: VecDeque<Waiter>,
     next_ticket: u64,
     peak_running: usize,
@@ -67,7 +135,7 @@ struct State {
 
 struct Waiter {
     ticket: u64,
-    need: u64,
+    need: Footprint,
     wake: oneshot::Sender<()>,
 }
 
@@ -75,7 +143,7 @@ struct Waiter {
 /// away and the future was dropped) frees both and admits whoever is next.
 pub(crate) struct Permit {
     inner: Arc<Inner>,
-    need: u64,
+    need: Footprint,
 }
 
 impl Drop for Permit {
@@ -90,7 +158,7 @@ impl Drop for Permit {
 struct Pending<'a> {
     inner: &'a Inner,
     ticket: u64,
-    need: u64,
+    need: Footprint,
     armed: bool,
 }
 
@@ -118,22 +186,30 @@ impl Inner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn fits(&self, st: &State, need: u64) -> bool {
-        st.running < self.cfg.max_running && st.kv_used.saturating_add(need) <= self.cfg.kv_tokens
+    fn fits(&self, st: &State, need: Footprint) -> bool {
+        st.running < self.cfg.max_running
+            && st.kv_used.saturating_add(need.reserved) <= self.cfg.kv_tokens
     }
 
-    fn take(&self, st: &mut State, need: u64) {
+    fn take(&self, st: &mut State, need: Footprint) {
         st.running += 1;
-        st.kv_used += need;
+        st.kv_used += need.reserved;
+        st.kv_written += need.written;
         st.peak_running = st.peak_running.max(st.running);
         st.peak_in_flight = st.peak_in_flight.max(st.running + st.queue.len());
-        self.kv_used.store(st.kv_used, Ordering::Relaxed);
+        self.mirror(st);
     }
 
-    fn release(&self, st: &mut State, need: u64) {
+    fn release(&self, st: &mut State, need: Footprint) {
         st.running = st.running.saturating_sub(1);
-        st.kv_used = st.kv_used.saturating_sub(need);
+        st.kv_used = st.kv_used.saturating_sub(need.reserved);
+        st.kv_written = st.kv_written.saturating_sub(need.written);
+        self.mirror(st);
+    }
+
+    fn mirror(&self, st: &State) {
         self.kv_used.store(st.kv_used, Ordering::Relaxed);
+        self.kv_written.store(st.kv_written, Ordering::Relaxed);
     }
 
     fn admit_waiters(&self, st: &mut State) {
@@ -157,6 +233,7 @@ impl Engine {
                 cfg,
                 state: Mutex::new(State::default()),
                 kv_used: AtomicU64::new(0),
+                kv_written: AtomicU64::new(0),
             }),
         }
     }
@@ -165,13 +242,24 @@ impl Engine {
         self.inner.cfg.kv_tokens
     }
 
-    /// Waits (FIFO) until `need` KV tokens and a running slot are free, then holds them until the
-    /// returned permit is dropped.
-    pub(crate) async fn admit(&self, need: u64) -> Result<Permit, TooLarge> {
-        let need = need.max(1);
+    /// What a request of this shape costs under the configured reservation model.
+    pub(crate) fn footprint(&self, prompt: u64, output: u64, max_tokens: u64) -> Footprint {
+        self.inner
+            .cfg
+            .kv_reserve
+            .footprint(prompt, output, max_tokens)
+    }
+
+    /// Waits (FIFO) until `need`'s reservation and a running slot are free, then holds them until
+    /// the returned permit is dropped.
+    pub(crate) async fn admit(&self, need: impl Into<Footprint>) -> Result<Permit, TooLarge> {
+        let need = need.into().normalized();
         let budget = self.inner.cfg.kv_tokens;
-        if need > budget {
-            return Err(TooLarge { need, budget });
+        if need.reserved > budget {
+            return Err(TooLarge {
+                need: need.reserved,
+                budget,
+            });
         }
         let (ticket, rx) = {
             let mut st = self.inner.lock();
@@ -199,20 +287,27 @@ impl Engine {
         Ok(self.permit(need))
     }
 
-    fn permit(&self, need: u64) -> Permit {
+    fn permit(&self, need: Footprint) -> Permit {
         Permit {
             inner: Arc::clone(&self.inner),
             need,
         }
     }
 
-    pub(crate) fn kv_usage(&self) -> f64 {
+    fn share(&self, tokens: &AtomicU64) -> f64 {
         let budget = self.inner.cfg.kv_tokens.max(1) as f64;
-        (self.inner.kv_used.load(Ordering::Relaxed) as f64 / budget).clamp(0.0, 1.0)
+        (tokens.load(Ordering::Relaxed) as f64 / budget).clamp(0.0, 1.0)
     }
 
+    /// The reserved share: what vLLM's scheduler counts as used blocks, so what it reports.
+    pub(crate) fn kv_usage(&self) -> f64 {
+        self.share(&self.inner.kv_used)
+    }
+
+    /// Decode reads the KV that is written, so a reservation nobody writes into does not slow
+    /// anyone down.
     fn load_factor(&self) -> f64 {
-        1.0 + self.inner.cfg.load_slowdown * self.kv_usage()
+        1.0 + self.inner.cfg.load_slowdown * self.share(&self.inner.kv_written)
     }
 
     /// Prefill time at the current load (without any admin-injected delay).
@@ -233,6 +328,7 @@ impl Engine {
             running: st.running,
             waiting: st.queue.len(),
             kv_used: st.kv_used,
+            kv_written: st.kv_written,
             kv_usage: self.kv_usage(),
             peak_running: st.peak_running,
             peak_in_flight: st.peak_in_flight,
@@ -260,6 +356,10 @@ mod tests {
     use super::*;
 
     fn engine(kv_tokens: u64, max_running: usize) -> Engine {
+        reserving(KvReserve::Output, kv_tokens, max_running)
+    }
+
+    fn reserving(kv_reserve: KvReserve, kv_tokens: u64, max_running: usize) -> Engine {
         Engine::new(EngineConfig {
             kv_tokens,
             max_running,
@@ -267,7 +367,31 @@ mod tests {
             prefill_us_per_token: 50.0,
             itl_ms: 1.0,
             load_slowdown: 3.0,
+            kv_reserve,
         })
+    }
+
+    /// Admits `need` on a task that reports `name` once admitted and then holds the permit until
+    /// told to finish.
+    fn queue(
+        e: &Engine,
+        name: &'static str,
+        need: Footprint,
+        admitted: &tokio::sync::mpsc::UnboundedSender<&'static str>,
+    ) -> (tokio::task::JoinHandle<()>, oneshot::Sender<()>) {
+        let (done, finish) = oneshot::channel::<()>();
+        let (e, admitted) = (e.clone(), admitted.clone());
+        let task = tokio::spawn(async move {
+            let p = e.admit(need).await.unwrap();
+            admitted.send(name).unwrap();
+            let _ = finish.await;
+            drop(p);
+        });
+        (task, done)
+    }
+
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
     async fn admitted_within(
@@ -382,6 +506,120 @@ mod tests {
         assert!(e.ttft(100) > idle_ttft);
         drop(p);
         assert_eq!(e.itl(), idle_itl);
+    }
+
+    #[test]
+    fn footprints_per_reservation_model() {
+        // 10 prompt tokens, an answer that stops after 5 of its 100 allowed tokens.
+        assert_eq!(
+            KvReserve::Output.footprint(10, 5, 100),
+            Footprint {
+                reserved: 15,
+                written: 15
+            }
+        );
+        assert_eq!(
+            KvReserve::MaxTokens.footprint(10, 5, 100),
+            Footprint {
+                reserved: 110,
+                written: 15
+            }
+        );
+        assert_eq!(
+            KvReserve::MaxTokens.footprint(u64::MAX, 5, 100).reserved,
+            u64::MAX
+        );
+    }
+
+    #[tokio::test]
+    async fn max_tokens_reservation_is_held_by_an_early_ending_request() {
+        let e = reserving(KvReserve::MaxTokens, 200, 8);
+        let need = e.footprint(10, 5, 100);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (first, end_first) = queue(&e, "first", need, &tx);
+        assert_eq!(rx.recv().await, Some("first"));
+        let s = e.snapshot();
+        assert_eq!((s.kv_used, s.kv_written), (110, 15));
+        assert_eq!(e.kv_usage(), 0.55);
+
+        // 15 + 15 tokens are all either would write, but 110 + 110 reserved exceed 200.
+        let (second, end_second) = queue(&e, "second", need, &tx);
+        settle().await;
+        assert_eq!((e.snapshot().running, e.snapshot().waiting), (1, 1));
+        assert!(rx.try_recv().is_err());
+
+        // The same two requests fit side by side when only their output is reserved.
+        let out = engine(200, 8);
+        let a = out.admit(out.footprint(10, 5, 100)).await.unwrap();
+        assert!(admitted_within(out.admit(out.footprint(10, 5, 100)))
+            .await
+            .is_some());
+        drop(a);
+
+        end_first.send(()).unwrap();
+        first.await.unwrap();
+        assert_eq!(rx.recv().await, Some("second"));
+        assert_eq!(e.snapshot().kv_used, 110);
+        end_second.send(()).unwrap();
+        second.await.unwrap();
+        let s = e.snapshot();
+        assert_eq!(
+            (s.running, s.waiting, s.kv_used, s.kv_written),
+            (0, 0, 0, 0)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_big_reservation_at_the_head_blocks_smaller_ones() {
+        let e = reserving(KvReserve::MaxTokens, 200, 8);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (first, end_first) = queue(&e, "first", e.footprint(10, 5, 100), &tx);
+        assert_eq!(rx.recv().await, Some("first"));
+        // 160 reserved does not fit next to 110; 30 would, but it queued behind.
+        let (big, end_big) = queue(&e, "big", e.footprint(10, 5, 150), &tx);
+        settle().await;
+        let (small, end_small) = queue(&e, "small", e.footprint(10, 5, 20), &tx);
+        settle().await;
+        let s = e.snapshot();
+        assert_eq!(
+            (s.running, s.waiting, s.kv_used, s.kv_written),
+            (1, 2, 110, 15)
+        );
+        assert!(rx.try_recv().is_err());
+
+        end_first.send(()).unwrap();
+        first.await.unwrap();
+        assert_eq!(rx.recv().await, Some("big"));
+        assert_eq!(rx.recv().await, Some("small"));
+        let s = e.snapshot();
+        assert_eq!(
+            (s.running, s.waiting, s.kv_used, s.kv_written),
+            (2, 0, 190, 30)
+        );
+        for (task, end) in [(big, end_big), (small, end_small)] {
+            end.send(()).unwrap();
+            task.await.unwrap();
+        }
+        assert_eq!(e.snapshot().kv_used, 0);
+    }
+
+    #[tokio::test]
+    async fn slowdown_follows_written_kv_not_the_reservation() {
+        let close = |a: Duration, b: Duration| a.abs_diff(b) < Duration::from_micros(1);
+        let e = reserving(KvReserve::MaxTokens, 100, 8);
+        // Reserves 90 % of the cache but writes only 20 %.
+        let p = e.admit(e.footprint(10, 10, 80)).await.unwrap();
+        assert_eq!(e.kv_usage(), 0.9);
+        // 1 ms * (1 + 3 * 0.2), not 1 ms * (1 + 3 * 0.9).
+        assert!(close(e.itl(), Duration::from_micros(1600)), "{:?}", e.itl());
+        // The same request costs the same decode time under either reservation model.
+        let out = engine(100, 8);
+        let q = out.admit(out.footprint(10, 10, 80)).await.unwrap();
+        assert_eq!(out.kv_usage(), 0.2);
+        assert_eq!(out.itl(), e.itl());
+        assert_eq!(out.ttft(100), e.ttft(100));
+        drop((p, q));
+        assert_eq!(e.itl(), Duration::from_millis(1));
     }
 
     #[test]

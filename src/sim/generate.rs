@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 
 use super::api::{RequestSpec, SseFrames, SSE_DONE};
-use super::engine::{ms_to_duration, TooLarge};
+use super::engine::{ms_to_duration, Footprint, TooLarge};
 use super::metrics::Finish;
 use super::Sim;
 
@@ -28,6 +28,8 @@ const CATCH_UP_LIMIT: Duration = Duration::from_millis(50);
 /// A parsed request on its way through the engine.
 pub(crate) struct Job {
     pub spec: RequestSpec,
+    /// Its KV cost under the engine's reservation model, held until the job ends.
+    pub need: Footprint,
     /// Which engine's metrics it counts towards.
     pub engine: usize,
     pub arrived: Instant,
@@ -123,7 +125,7 @@ fn ttft(sim: &Sim, spec: &RequestSpec) -> Duration {
 
 /// Runs a non-streamed request to the end; dropping the future releases its KV.
 pub(crate) async fn complete(sim: &Sim, job: &Job) -> Result<(), TooLarge> {
-    let _permit = sim.engine.admit(job.spec.kv_need()).await?;
+    let _permit = sim.engine.admit(job.need).await?;
     scheduled(sim, job);
     let mut progress = Progress::new(sim, job);
     tokio::time::sleep(ttft(sim, &job.spec)).await;
@@ -152,7 +154,7 @@ async fn sleep_or_closed(tx: &mpsc::Sender<Bytes>, at: Instant) -> bool {
 /// body is dropped (client disconnect), releasing its KV either way.
 pub(crate) async fn stream(sim: Arc<Sim>, job: Job, frames: SseFrames, tx: mpsc::Sender<Bytes>) {
     let admitted = tokio::select! {
-        p = sim.engine.admit(job.spec.kv_need()) => p,
+        p = sim.engine.admit(job.need) => p,
         () = tx.closed() => return,
     };
     let Ok(_permit) = admitted else { return };

@@ -204,6 +204,7 @@ async fn completion_inner(
     let path = req.uri().path().to_string();
     let content_length = header_string(&req, CONTENT_LENGTH);
     let tenant = header_string(&req, X_TENANT_ID);
+    let output_tokens = api::output_tokens(req.headers());
     let body = read_body(req).await;
     let parsed = body
         .as_ref()
@@ -229,16 +230,21 @@ async fn completion_inner(
             return error_response(&ApiError::bad_request("Invalid JSON in request body"))
         }
     };
-    let spec = match api::parse_request(endpoint, &value, &sim.models, sim.default_max_tokens) {
+    let spec = match output_tokens
+        .and_then(|n| api::parse_request(endpoint, &value, &sim.models, sim.default_max_tokens, n))
+    {
         Ok(s) => s,
         Err(e) => return error_response(&e),
     };
+    let need = sim
+        .engine
+        .footprint(spec.prompt_tokens, spec.completion_tokens, spec.max_tokens);
     let budget = sim.engine.budget();
-    if spec.kv_need() > budget {
+    if need.reserved > budget {
         return error_response(&ApiError::context_length(
             budget,
             spec.prompt_tokens,
-            spec.completion_tokens,
+            need.reserved.saturating_sub(spec.prompt_tokens),
         ));
     }
 
@@ -252,6 +258,7 @@ async fn completion_inner(
     let job = Job {
         engine: (id % sim.engines as u64) as usize,
         spec,
+        need,
         arrived,
     };
     let model_header = HeaderValue::from_str(&meta.model).ok();
@@ -271,7 +278,7 @@ async fn completion_inner(
             return error_response(&ApiError::context_length(
                 e.budget,
                 job.spec.prompt_tokens,
-                job.spec.completion_tokens,
+                e.need.saturating_sub(job.spec.prompt_tokens),
             ));
         }
         respond(

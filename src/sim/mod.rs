@@ -1,9 +1,10 @@
 //! `sluice sim`: a stand-in for a vLLM OpenAI-compatible server, for tests and benchmarks.
 //!
 //! It speaks vLLM's HTTP API and exports vLLM's metric names, and its latency responds to load
-//! the way a real engine's does: requests reserve KV cache, queue FIFO when it or the batch is
-//! full, and decode slower as the cache fills. Admin endpoints let tests force states (unhealthy,
-//! slow, pinned pressure) and read back what the proxy actually sent.
+//! the way a real engine's does: requests reserve KV cache (for their answer, or for their whole
+//! `max_tokens` with `--kv-reserve max-tokens`), queue FIFO when it or the batch is full, and
+//! decode slower as the cache fills. Admin endpoints let tests force states (unhealthy, slow,
+//! pinned pressure) and read back what the proxy actually sent.
 
 mod admin;
 mod api;
@@ -24,6 +25,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use self::admin::Admin;
+pub use self::engine::KvReserve;
 use self::engine::{Engine, EngineConfig};
 use self::metrics::Metrics;
 use self::stats::Stats;
@@ -54,9 +56,12 @@ pub struct SimArgs {
     /// How much ITL and TTFT grow at full KV usage (factor: latency *= 1 + slowdown * kv_usage)
     #[arg(long, default_value_t = 3.0)]
     pub load_slowdown: f64,
-    /// Completion length when max_tokens is absent
+    /// max_tokens of a request that sets none; also the completion length of one without an x-sim-output-tokens header
     #[arg(long, default_value_t = 128)]
     pub default_max_tokens: u64,
+    /// KV a request reserves at admission and holds until it ends. Decode slows with the KV the running answers write (prompt + answer length), not with what they reserve; an answer is max_tokens long unless the x-sim-output-tokens request header says it stops sooner
+    #[arg(long, value_enum, default_value_t = KvReserve::Output)]
+    pub kv_reserve: KvReserve,
     /// Export the pre-v0.10 metric name vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc
     #[arg(long)]
     pub legacy_metrics: bool,
@@ -116,6 +121,7 @@ impl Sim {
                 prefill_us_per_token: args.prefill_us_per_token as f64,
                 itl_ms: args.itl_ms,
                 load_slowdown: args.load_slowdown,
+                kv_reserve: args.kv_reserve,
             }),
             metrics: Metrics::new(args.engines),
             models,
@@ -194,6 +200,7 @@ mod tests {
             itl_ms: 1.0,
             load_slowdown: 1.0,
             default_max_tokens: 16,
+            kv_reserve: KvReserve::Output,
             legacy_metrics: false,
             engines: 1,
         }

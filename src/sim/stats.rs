@@ -96,6 +96,7 @@ impl Stats {
                 "peak_running": load.peak_running,
                 "peak_in_flight": load.peak_in_flight,
                 "kv_used_tokens": load.kv_used,
+                "kv_written_tokens": load.kv_written,
                 "completed": c.completed,
                 "recent": c.recent,
             })
