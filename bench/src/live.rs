@@ -284,11 +284,15 @@ async fn send(c: &HttpClient, url: &str, a: &Arrival, due: Instant) -> RequestRe
         send_lag_ms: (sent - due).as_secs_f64() * 1000.0,
         ..RequestRecord::pending(a)
     };
-    let req = http::Request::post(url)
+    let mut req = http::Request::post(url)
         .header("content-type", "application/json")
         .header("x-tenant-id", &a.tenant)
-        .header("x-request-id", request_id(a))
-        .body(Full::new(Bytes::from(body.to_string())));
+        .header("x-request-id", request_id(a));
+    // The simulator's stand-in for a model that stops on its own before `max_tokens`.
+    if let Some(n) = a.output_tokens {
+        req = req.header("x-sim-output-tokens", n);
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_string())));
     let Ok(req) = req else { return r };
     let exchange = async {
         let resp = c.request(req).await.map_err(|_| ())?;
@@ -379,6 +383,7 @@ async fn sample_loop(
             kv_on_demand: kv(&od, "vllm:kv_cache_usage_perc").map(|v| v * 100.0),
             kv_spot: kv(&sp, "vllm:kv_cache_usage_perc").map(|v| v * 100.0),
             waiting_on_demand: kv(&od, "vllm:num_requests_waiting"),
+            waiting_spot: kv(&sp, "vllm:num_requests_waiting"),
             ..Default::default()
         };
         if let Some(st) = st {
@@ -401,6 +406,8 @@ async fn sample_loop(
             if ac["enabled"].as_bool() == Some(true) {
                 let level = |p: &str| ac["pools"][p]["level"].as_f64().unwrap_or(0.0);
                 s.levels = Some([level("on-demand"), level("spot")]);
+                let shaping = |p: &str| ac["pools"][p]["shaping"].as_bool().unwrap_or(false);
+                s.shaping = Some([shaping("on-demand"), shaping("spot")]);
             }
         }
         if let Some(pid) = sluice_pid {

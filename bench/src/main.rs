@@ -94,6 +94,15 @@ pub struct ScenarioArgs {
     /// looking at a run request by request.
     #[arg(long)]
     pub dump_runs: Option<PathBuf>,
+    /// The engine models the simulators follow, comma separated: slowdown (the scenario's
+    /// own backends) and reserve (vLLM without preemption: KV reserved for prompt plus
+    /// max_tokens, answers ending on their own, fixed decode steps).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "slowdown")]
+    pub engine_model: Vec<scenario::EngineModel>,
+    /// Also run each scenario with every tier's SLA target at these multiples of its unloaded
+    /// latency (comma separated, e.g. 1.3,1.7,4); without it, the scenario's own targets.
+    #[arg(long, value_delimiter = ',')]
+    pub sla_x: Vec<f64>,
 }
 
 #[derive(Subcommand)]

@@ -20,7 +20,7 @@ use sluice::signals::vllm_text::Histogram;
 
 use crate::model_queue::{Joined, TierQueue, Waiting};
 use crate::record::{Mode, RequestRecord, Run, Sample};
-use crate::scenario::{Arrival, EventKind, Scenario, SimParams};
+use crate::scenario::{Arrival, EventKind, KvReserve, Scenario, SimParams};
 
 /// Simulated-time step. The live simulator paces decode in 3–20 ms batches, so 2 ms is finer
 /// than anything the live run can resolve.
@@ -30,7 +30,12 @@ const DRAIN_LIMIT_MS: f64 = 300_000.0;
 
 struct Job {
     rec: usize,
+    /// KV held from admission to the end (the reservation).
     need: u64,
+    /// KV the request really fills: prompt plus its answer.
+    live: u64,
+    /// What Sluice counts as its work in flight: prompt plus `max_tokens` after any cap.
+    work: u64,
     prompt: u64,
     tokens: u64,
     /// Remaining prefill, set at admission.
@@ -48,6 +53,9 @@ struct Job {
 struct Engine {
     p: SimParams,
     kv_used: u64,
+    /// What the running requests really fill (equal to `kv_used` unless reservations cover
+    /// whole `max_tokens`): a reservation not yet written costs no decode bandwidth.
+    kv_live: u64,
     running: Vec<Job>,
     waiting: VecDeque<Job>,
     healthy: bool,
@@ -66,6 +74,7 @@ impl Engine {
         Self {
             p,
             kv_used: 0,
+            kv_live: 0,
             running: Vec::new(),
             waiting: VecDeque::new(),
             healthy: true,
@@ -78,7 +87,8 @@ impl Engine {
     }
 
     fn factor(&self) -> f64 {
-        1.0 + self.p.load_slowdown * self.usage()
+        let live = (self.kv_live as f64 / self.p.kv_tokens.max(1) as f64).min(1.0);
+        1.0 + self.p.load_slowdown * live
     }
 
     fn fits(&self, need: u64) -> bool {
@@ -95,6 +105,7 @@ impl Engine {
                 break;
             };
             self.kv_used += job.need;
+            self.kv_live += job.live;
             self.queue_time.sum += (now - job.queued_at) / 1000.0;
             self.queue_time.count += 1.0;
             // The simulator computes the prefill time after taking the reservation.
@@ -127,6 +138,7 @@ impl Engine {
             if job.first_token && job.decode_left <= 0.0 {
                 let job = self.running.swap_remove(i);
                 self.kv_used -= job.need;
+                self.kv_live -= job.live;
                 out.push(Step::Done(job));
             } else {
                 i += 1;
@@ -142,7 +154,7 @@ struct Queued {
     target: Target,
 }
 
-/// Where an admitted request goes and how many tokens it will generate.
+/// Where an admitted request goes and its `max_tokens` after any cap.
 #[derive(Clone, Copy)]
 struct Target {
     engine: usize,
@@ -162,7 +174,7 @@ fn inflight_work(engines: &[Engine; 2]) -> [f64; 2] {
     for e in engines {
         for j in e.running.iter().chain(e.waiting.iter()) {
             if j.slot.is_some() {
-                w[j.signal_pool] += j.need as f64;
+                w[j.signal_pool] += j.work as f64;
             }
         }
     }
@@ -393,6 +405,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 kv_on_demand: Some(engines[ON_DEMAND].usage() * 100.0),
                 kv_spot: Some(engines[sp_engine].usage() * 100.0),
                 waiting_on_demand: Some(engines[ON_DEMAND].waiting.len() as f64),
+                waiting_spot: Some(engines[sp_engine].waiting.len() as f64),
                 policy_pressure: p.and_then(|p| p.state.signals.pressure),
                 states: p.map(|p| p.state.tiers.map(|t| t.state)),
                 fallback_active: p.map(|p| p.state.fallback_active),
@@ -401,6 +414,9 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 levels: p
                     .filter(|p| p.rules.mode == policy::PolicyMode::Adaptive)
                     .map(|p| p.state.pools.each_ref().map(|c| c.level)),
+                shaping: p
+                    .filter(|p| p.rules.mode == policy::PolicyMode::Adaptive)
+                    .map(|p| p.state.pools.each_ref().map(|c| c.shaping)),
             });
         }
         while next_arrival < arrivals.len() && arrivals[next_arrival].at_ms as f64 <= now {
@@ -561,6 +577,7 @@ fn arrive(
     .unwrap_or(ON_DEMAND);
     // The arrival, as Sluice reports it when the policy decides.
     p.outcomes[signal_pool].push(Outcome::arrival(now as u64, a.tier));
+    rec.pool = d.pool.as_str().into();
     if d.action == Action::Reject {
         rec.status = 429;
         return false;
@@ -655,7 +672,12 @@ fn dispatch(
         rec.latency_ms = now - a.at_ms as f64;
         return false;
     }
-    let need = a.prompt_tokens + t.tokens;
+    let answer = a.answer_tokens(t.tokens);
+    let live = a.prompt_tokens + answer;
+    let need = match e.p.kv_reserve {
+        KvReserve::Output => live,
+        KvReserve::MaxTokens => a.prompt_tokens + t.tokens,
+    };
     if need > e.p.kv_tokens {
         rec.status = 400;
         return false;
@@ -663,8 +685,10 @@ fn dispatch(
     e.waiting.push_back(Job {
         rec: pos,
         need,
+        live,
+        work: a.prompt_tokens + t.tokens,
         prompt: a.prompt_tokens,
-        tokens: t.tokens,
+        tokens: answer,
         prefill_left: 0.0,
         decode_left: 0.0,
         first_token: false,

@@ -143,6 +143,7 @@ pub struct Sample {
     pub kv_on_demand: Option<f64>,
     pub kv_spot: Option<f64>,
     pub waiting_on_demand: Option<f64>,
+    pub waiting_spot: Option<f64>,
     /// The pressure the policy used (scraped or forced), percent; Sluice runs only.
     pub policy_pressure: Option<f64>,
     /// Tier states by [`Tier::index`]; Sluice runs only.
@@ -153,6 +154,8 @@ pub struct Sample {
     pub queued: Option<[u64; 3]>,
     /// Adaptive mode: the admission level of each pool (on-demand, spot).
     pub levels: Option<[f64; 2]>,
+    /// Adaptive mode: each pool's policy saw its KV at the shaping floor at its last sample.
+    pub shaping: Option<[bool; 2]>,
 }
 
 fn ser_states<S: serde::Serializer>(

@@ -278,6 +278,138 @@ pub struct RunSummary {
     pub max_send_lag_ms: f64,
     pub sluice_rss_kib: Option<u64>,
     pub notes: Vec<String>,
+    /// How the controller treated an idle fleet; Sluice runs in adaptive mode only.
+    pub idle: Option<IdleOpen>,
+}
+
+/// "Idle means open": a pool is idle once nothing has waited in vLLM and its KV usage has
+/// stayed below [`IDLE_KV_BELOW`] for [`IDLE_FOR_MS`] (by the run's samples). The controller
+/// must then refuse and cap nobody, and once vLLM's queue has emptied (with the cache below
+/// the shaping floor, which may hold caps) its level must be back at 0 within
+/// [`RELEASE_WITHIN_MS`].
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct IdleOpen {
+    /// Requests decided while their pool was idle.
+    pub decided: usize,
+    /// Of those, refused or capped by the controller (its own reasons, not capacity or quota).
+    pub refused_or_capped: usize,
+    /// The longest a level stayed above 0 after vLLM's queue emptied (ms), over the stretches
+    /// where it stayed empty and the cache below the shaping floor; a stretch that ended with
+    /// the level still up counts its whole length.
+    pub release_max_ms: f64,
+    /// Stretches where the level was still up [`RELEASE_WITHIN_MS`] after the queue emptied.
+    pub release_late: usize,
+}
+
+pub const IDLE_KV_BELOW: f64 = 50.0;
+pub const IDLE_FOR_MS: u64 = 2000;
+pub const RELEASE_WITHIN_MS: u64 = 3000;
+/// The shipped `shape_pressure_at`: at or above it the level may rightly hold the caps.
+const SHAPE_FLOOR_KV: f64 = 90.0;
+
+/// The reasons for which the adaptive controller itself refuses or caps a request.
+const CONTROLLER_REASONS: [&str; 8] = [
+    "degrade_slo_headroom",
+    "degrade_brownout",
+    "degrade_cache_nearly_full",
+    "fallback_slo_headroom",
+    "reject_slo_headroom",
+    "degrade_work_limit",
+    "fallback_work_limit",
+    "reject_work_limit",
+];
+
+/// A pool's view in the samples: (time, KV %, waiting, level, the policy saw a full cache).
+fn pool_track(samples: &[Sample], spot: bool) -> Vec<(u64, f64, f64, f64, bool)> {
+    samples
+        .iter()
+        .filter_map(|s| {
+            let (kv, waiting) = if spot {
+                (s.kv_spot, s.waiting_spot)
+            } else {
+                (s.kv_on_demand, s.waiting_on_demand)
+            };
+            let pool = usize::from(spot);
+            let shaping = s.shaping.is_some_and(|f| f[pool]);
+            Some((s.t_ms, kv?, waiting?, s.levels?[pool], shaping))
+        })
+        .collect()
+}
+
+pub fn idle_open(run: &Run) -> Option<IdleOpen> {
+    let tracks = [
+        pool_track(&run.samples, false),
+        pool_track(&run.samples, true),
+    ];
+    if tracks[0].is_empty() {
+        return None;
+    }
+    let mut out = IdleOpen::default();
+    // Since when each sample's pool has been idle.
+    let idle_since: Vec<Vec<Option<u64>>> = tracks
+        .iter()
+        .map(|t| {
+            let mut since = None;
+            t.iter()
+                .map(|&(at, kv, waiting, _, _)| {
+                    if waiting <= 0.0 && kv < IDLE_KV_BELOW {
+                        since = since.or(Some(at));
+                    } else {
+                        since = None;
+                    }
+                    since
+                })
+                .collect()
+        })
+        .collect();
+    for r in &run.records {
+        // The pool whose controller judged it: spot for what ran there and for Best-Effort's
+        // refusals (its tier's pool), on-demand for the rest (a fallback is decided there).
+        let spot = r.pool == "spot" || (r.pool.is_empty() && r.tier == Tier::BestEffort);
+        let (track, since) = (&tracks[usize::from(spot)], &idle_since[usize::from(spot)]);
+        let i = track.partition_point(|s| s.0 <= r.at_ms);
+        let idle = i > 0 && since[i - 1].is_some_and(|t| r.at_ms.saturating_sub(t) >= IDLE_FOR_MS);
+        if idle {
+            out.decided += 1;
+            if CONTROLLER_REASONS.contains(&r.reason.as_str()) {
+                out.refused_or_capped += 1;
+            }
+        }
+    }
+    for track in &tracks {
+        let mut start: Option<u64> = None;
+        let mut settled = false;
+        let close = |start: Option<u64>, settled: bool, end: u64, out: &mut IdleOpen| {
+            if let (Some(t0), false) = (start, settled) {
+                let lag = end.saturating_sub(t0);
+                out.release_max_ms = out.release_max_ms.max(lag as f64);
+                if lag > RELEASE_WITHIN_MS {
+                    out.release_late += 1;
+                }
+            }
+        };
+        for &(at, kv, waiting, level, shaping) in track {
+            // The policy samples less often than the run: a peak it saw and these samples
+            // missed still holds the shaping floor.
+            let clear = waiting <= 0.0 && kv < SHAPE_FLOOR_KV && !shaping;
+            if !clear {
+                close(start.take(), settled, at, &mut out);
+                settled = false;
+                continue;
+            }
+            let t0 = *start.get_or_insert(at);
+            if !settled && level <= 0.0 {
+                out.release_max_ms = out.release_max_ms.max(at.saturating_sub(t0) as f64);
+                if at.saturating_sub(t0) > RELEASE_WITHIN_MS {
+                    out.release_late += 1;
+                }
+                settled = true;
+            }
+        }
+        let end = track.last().map_or(0, |s| s.0);
+        close(start, settled, end, &mut out);
+    }
+    Some(out)
 }
 
 pub fn summarize(run: &Run) -> RunSummary {
@@ -336,6 +468,7 @@ pub fn summarize(run: &Run) -> RunSummary {
             .fold(0.0, f64::max),
         sluice_rss_kib: run.sluice_rss_kib,
         notes: run.notes.clone(),
+        idle: idle_open(run),
     }
 }
 

@@ -39,9 +39,8 @@ pub async fn run_scenarios(
         let head = format!("## Tier protection, live (issue 6)\n\n{READING}");
         update_section(path, "tier-protection", &head)?;
     }
-    for name in &scen.scenarios {
+    for s in expand(scen, overrides.as_ref())? {
         let env = Environment::capture();
-        let s = load_with_overrides(name, overrides.as_ref(), scen.time_scale)?;
         let arrivals = s.arrivals();
         let mut runs: Vec<Run> = Vec::new();
         for engine in &engines {
@@ -175,13 +174,36 @@ fn load_with_overrides(
     Ok(s)
 }
 
+/// Every scenario asked for, on every engine model and SLA scaling asked for.
+fn expand(
+    scen: &ScenarioArgs,
+    overrides: Option<&serde_json::Value>,
+) -> Result<Vec<Scenario>, String> {
+    let mut out = Vec::new();
+    for name in &scen.scenarios {
+        for &engine in &scen.engine_model {
+            let s = load_with_overrides(name, overrides, scen.time_scale)?.on_engine(engine);
+            for &x in &scen.sla_x {
+                out.push(s.clone().with_sla_x(x)?);
+            }
+            if scen.sla_x.is_empty() {
+                out.push(s);
+            }
+        }
+    }
+    Ok(out)
+}
+
 pub fn calibrate(scen: &ScenarioArgs, modes: &[Mode], seeds: u64) -> Result<(), String> {
     let overrides = parse_overrides(scen)?;
-    for name in &scen.scenarios {
-        let base = load_with_overrides(name, overrides.as_ref(), scen.time_scale)?;
+    for base in expand(scen, overrides.as_ref())? {
         println!(
-            "{name}: {seeds} seeds from {}; viol % all per tier: mean [min–max]",
-            base.seed
+            "{}: {seeds} seeds from {}; viol % all per tier: mean [min–max]; SLA {} / {} / {} ms",
+            base.name,
+            base.seed,
+            base.sla_ms.guaranteed,
+            base.sla_ms.standard,
+            base.sla_ms.best_effort
         );
         print!("{}", seed_spread(&base, modes, seeds, scen.sla_signal)?);
     }
@@ -203,6 +225,7 @@ fn seed_spread(
         let mut per_tier: Vec<Vec<f64>> = vec![Vec::new(); 3];
         let mut good: Vec<f64> = Vec::new();
         let mut total: Vec<f64> = Vec::new();
+        let mut idle: Option<report::IdleOpen> = None;
         for k in 0..seeds {
             let mut s = base.clone();
             s.seed = base.seed + k;
@@ -221,6 +244,13 @@ fn seed_spread(
                 }
             }
             total.push(sum.all.goodput_rps);
+            if let Some(i) = sum.idle {
+                let acc = idle.get_or_insert_with(Default::default);
+                acc.decided += i.decided;
+                acc.refused_or_capped += i.refused_or_capped;
+                acc.release_max_ms = acc.release_max_ms.max(i.release_max_ms);
+                acc.release_late += i.release_late;
+            }
         }
         let mut line = format!("  {:<8}", mode.as_str());
         for t in Tier::ALL {
@@ -235,12 +265,23 @@ fn seed_spread(
             let _ = write!(line, "  {} {mean:5.1} [{lo:.1}–{hi:.1}]", t.as_str());
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        let _ = writeln!(
+        let _ = write!(
             line,
             "  goodput: Guaranteed {:.2}, all {:.2} req/s",
             mean(&good),
             mean(&total)
         );
+        if let Some(i) = idle {
+            let _ = write!(
+                line,
+                "  idle: {}/{} refused or capped, release ≤ {:.1} s ({} late)",
+                i.refused_or_capped,
+                i.decided,
+                i.release_max_ms / 1000.0,
+                i.release_late
+            );
+        }
+        line.push('\n');
         out.push_str(&line);
     }
     Ok(out)

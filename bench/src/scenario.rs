@@ -80,6 +80,11 @@ pub struct Scenario {
     /// scenario's own knobs never do): for exploring a setting, never for a result.
     #[serde(skip)]
     pub explore: serde_json::Value,
+    /// Each request's natural answer length as a share of its `max_tokens`, drawn uniformly
+    /// in this range: the answer ends there on its own unless a cap is lower. Absent: every
+    /// answer runs to its `max_tokens` (the `slowdown` engine model's workload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_share: Option<[f64; 2]>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -154,6 +159,18 @@ pub struct Backends {
     pub shared: bool,
 }
 
+/// What a simulated engine holds in KV for a running request (`sluice sim --kv-reserve`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvReserve {
+    /// Prompt plus the tokens the answer will really have.
+    #[default]
+    Output,
+    /// Prompt plus the whole `max_tokens`, taken at admission and held to the end (vLLM
+    /// without preemption): a cap frees reservation even when the answer is short anyway.
+    MaxTokens,
+}
+
 /// `sluice sim` flags; the same numbers drive the in-process backend model.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -164,11 +181,31 @@ pub struct SimParams {
     pub prefill_us_per_token: u64,
     pub itl_ms: f64,
     pub load_slowdown: f64,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub kv_reserve: KvReserve,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 impl SimParams {
+    /// A lone request's latency on this backend (prefill, then one decode step a token after
+    /// the first), with the slowdown its own KV share causes: what it takes with nobody else
+    /// there.
+    pub fn unloaded_ms(&self, prompt: u64, answer: u64) -> f64 {
+        let usage = (prompt + answer) as f64 / self.kv_tokens.max(1) as f64;
+        let factor = 1.0 + self.load_slowdown * usage.min(1.0);
+        let prefill = self.ttft_ms as f64 + prompt as f64 * self.prefill_us_per_token as f64 / 1e3;
+        (prefill + answer.saturating_sub(1) as f64 * self.itl_ms) * factor
+    }
+
     pub fn flags(&self) -> Vec<String> {
-        vec![
+        let reserve = match self.kv_reserve {
+            KvReserve::Output => None,
+            KvReserve::MaxTokens => Some(["--kv-reserve".to_string(), "max-tokens".into()]),
+        };
+        let mut flags = vec![
             "--kv-tokens".into(),
             self.kv_tokens.to_string(),
             "--max-running".into(),
@@ -181,7 +218,9 @@ impl SimParams {
             self.itl_ms.to_string(),
             "--load-slowdown".into(),
             self.load_slowdown.to_string(),
-        ]
+        ];
+        flags.extend(reserve.into_iter().flatten());
+        flags
     }
 }
 
@@ -196,6 +235,16 @@ pub struct Arrival {
     pub prompt_tokens: u64,
     pub max_tokens: u64,
     pub stream: bool,
+    /// Where the answer ends on its own (`x-sim-output-tokens`); `None`: at `max_tokens`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+}
+
+impl Arrival {
+    /// The completion this request produces under a cap of `max_tokens`.
+    pub fn answer_tokens(&self, max_tokens: u64) -> u64 {
+        self.output_tokens.map_or(max_tokens, |n| n.min(max_tokens))
+    }
 }
 
 pub fn ser_tier<S: serde::Serializer>(t: &Tier, s: S) -> Result<S::Ok, S::Error> {
@@ -318,9 +367,19 @@ impl Scenario {
                     prompt_tokens: rng.range(mix.prompt_tokens),
                     max_tokens: rng.range(mix.max_tokens),
                     stream: rng.unit() < mix.stream_share,
+                    output_tokens: None,
                 }
             })
             .collect();
+        // Natural lengths from a stream of their own, so the requests themselves are the same
+        // whatever the engine model.
+        if let Some([lo, hi]) = self.output_share {
+            let mut lengths = Rng::new(self.seed ^ 0x6f75_7470_7574);
+            for a in &mut arrivals {
+                let share = lo + (hi - lo) * lengths.unit();
+                a.output_tokens = Some(((a.max_tokens as f64 * share).round() as u64).max(1));
+            }
+        }
         arrivals.sort_by_key(|a| a.at_ms);
         for (i, a) in arrivals.iter_mut().enumerate() {
             a.id = i;
@@ -348,6 +407,86 @@ impl Scenario {
             .into_iter()
             .filter(|a| a.tier == tier)
             .collect()
+    }
+}
+
+/// The vLLM engine the simulators model (`--engine-model`). A policy that only holds on the
+/// engine it was tuned on is not done, so every scenario runs on both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineModel {
+    /// The scenario's own backends: KV held for prompt plus answer, every answer runs to its
+    /// `max_tokens`, decode slows as the cache fills.
+    Slowdown,
+    /// vLLM without preemption: KV reserved for prompt plus `max_tokens` at admission and held
+    /// to the end, answers ending on their own at 15–45 % of `max_tokens`, fixed-time decode
+    /// steps, strict FCFS.
+    Reserve,
+}
+
+/// Natural answer lengths of the `reserve` engine model, as shares of `max_tokens`.
+const RESERVE_OUTPUT_SHARE: [f64; 2] = [0.15, 0.45];
+/// The `reserve` model's fixed decode step, in `slowdown` backends' unloaded steps (1 ms →
+/// 10 ms, near the 15 ms of a 70B model on one node). With answers at 15–45 % of `max_tokens`
+/// a request then holds its reservation about 1.6× as long as on a `slowdown` backend at
+/// typical load, so the scenarios' peaks queue on both engines: with tight targets (1.7×),
+/// direct on `seed` misses about as often as the independent emulator's did (28 / 35 % of
+/// Guaranteed / Standard over 5 seeds, against 27.5 / 35 %).
+const RESERVE_STEP_X: f64 = 10.0;
+
+impl Scenario {
+    /// This scenario's requests on another engine model. The `reserve` backends keep the KV
+    /// budget and batch limit, and pace decode so that the same arrivals queue at the same
+    /// peaks on both engines: what differs is how each one queues.
+    pub fn on_engine(mut self, model: EngineModel) -> Scenario {
+        if model == EngineModel::Slowdown {
+            return self;
+        }
+        for b in [&mut self.backends.on_demand, &mut self.backends.spot] {
+            b.itl_ms = (b.itl_ms * RESERVE_STEP_X * 2.0).round() / 2.0;
+            b.load_slowdown = 0.0;
+            b.kv_reserve = KvReserve::MaxTokens;
+        }
+        self.output_share = Some(RESERVE_OUTPUT_SHARE);
+        self.name = format!("{}+reserve", self.name);
+        self.description = format!("{} [engine: reserve]", self.description);
+        self
+    }
+
+    /// Each tier's SLA target set to `x` times its unloaded latency: the 90th percentile of
+    /// its requests' latencies each alone on its tier's pool (what the controller's quantile
+    /// reads on an idle fleet). Tight (1.3–1.8×) and loose (4–10×) targets both occur.
+    pub fn with_sla_x(mut self, x: f64) -> Result<Scenario, String> {
+        if !x.is_finite() || x <= 0.0 {
+            return Err(format!("--sla-x must be positive, got {x}"));
+        }
+        let arrivals = self.arrivals();
+        let mut targets = [0u64; 3];
+        for tier in Tier::ALL {
+            let backend = if tier == Tier::BestEffort && !self.backends.shared {
+                &self.backends.spot
+            } else {
+                &self.backends.on_demand
+            };
+            let mut alone: Vec<f64> = arrivals
+                .iter()
+                .filter(|a| a.tier == tier)
+                .map(|a| backend.unloaded_ms(a.prompt_tokens, a.answer_tokens(a.max_tokens)))
+                .collect();
+            alone.sort_by(f64::total_cmp);
+            let p90 = crate::report::percentile(&alone, 90.0).unwrap_or(0.0);
+            targets[tier.index()] = ((p90 * x / 10.0).ceil() as u64 * 10).max(10);
+        }
+        self.sla_ms = SlaTargets {
+            guaranteed: targets[0],
+            standard: targets[1],
+            best_effort: targets[2],
+        };
+        self.name = format!("{}+sla{x}", self.name);
+        self.description = format!(
+            "{} [SLA targets {x}× unloaded p90: {} / {} / {} ms]",
+            self.description, targets[0], targets[1], targets[2]
+        );
+        Ok(self)
     }
 }
 

@@ -53,6 +53,7 @@ pub async fn run(
         prefill_us_per_token: 10,
         itl_ms: 0.2,
         load_slowdown: 0.5,
+        kv_reserve: Default::default(),
     };
     let od = procs::start_sim(&bin, "on-demand", MODEL, &sim, &wd.path, &c).await?;
     let spot = procs::start_sim(

@@ -332,6 +332,7 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
     for (name, at) in [
         ("rail_pressure_at", a.rail_pressure_at),
         ("shape_pressure_at", a.shape_pressure_at),
+        ("idle_pressure_below", a.idle_pressure_below),
     ] {
         if let Some(p) = at.filter(|p| !(p.is_finite() && (0.0..=100.0).contains(p))) {
             return err(&key(name), format!("{p} is outside 0..=100"));
@@ -341,6 +342,16 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
         if !(q.is_finite() && q >= 0.0) {
             return err(&key("rail_queue_depth_at"), format!("{q} must be >= 0"));
         }
+    }
+    if a.baseline_half_life_ms == 0 {
+        return err(&key("baseline_half_life_ms"), "must be > 0".into());
+    }
+    let b = a.standing_queue_budget;
+    if !(b.is_finite() && (0.0..=1.0).contains(&b)) {
+        return err(
+            &key("standing_queue_budget"),
+            format!("{b} is outside 0..=1 (a share of Guaranteed's queueing budget; 0 turns the rule off)"),
+        );
     }
     Ok(())
 }

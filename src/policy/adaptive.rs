@@ -71,8 +71,18 @@ pub struct AdaptiveTuning {
     pub rise_gain: f64,
     /// Count requests still running at their age so far (the leading reading).
     pub lead: bool,
-    /// Once vLLM's queue is empty, judge relaxing on the requests admitted since it emptied.
-    pub relax_on_drain: bool,
+    /// A pool is idle while nothing waits in vLLM and its KV usage is below this; after
+    /// `idle_release_ms` of it the level is 0 whatever the latencies say. `None`: never idle.
+    /// 1.5 s of samples is at most 2 s of the fleet's own time at the shipped 500 ms scrape:
+    /// the idle stretch may have begun just after the previous scrape.
+    pub idle_pressure_below: Option<f64>,
+    pub idle_release_ms: Millis,
+    /// How slowly a tier's learned unloaded latency may rise (see [`Baseline`]).
+    pub baseline_half_life_ms: Millis,
+    /// Once vLLM's queue has stood this long, its delay may spend only this share of
+    /// Guaranteed's queueing budget before the level rises (0: no such rule).
+    pub standing_queue_ms: Millis,
+    pub standing_queue_budget: f64,
 }
 
 impl Default for AdaptiveTuning {
@@ -96,7 +106,11 @@ impl Default for AdaptiveTuning {
             assumed_max_tokens: 1024,
             rise_gain: 3.0,
             lead: true,
-            relax_on_drain: true,
+            idle_pressure_below: Some(50.0),
+            idle_release_ms: 1500,
+            baseline_half_life_ms: 30_000,
+            standing_queue_ms: 1000,
+            standing_queue_budget: 0.5,
         }
     }
 }
@@ -287,6 +301,14 @@ pub struct PoolControl {
     pub work_limit: Option<f64>,
     /// Sluice's own work in flight on the pool at the sample.
     pub inflight_work: Option<f64>,
+    /// Per tier: its learned unloaded latency on this pool (ms), once it has answered here.
+    pub unloaded_ms: [Option<f64>; 3],
+    /// Per tier: its unloaded latency is at or above its target, so no shedding can get it
+    /// there; it never raises the level (reported, and warned about once).
+    pub unattainable: [bool; 3],
+    /// Nothing has queued in vLLM and its cache has stayed below `idle_pressure_below` for
+    /// `idle_release_ms`: the level is 0 and stays there while this holds.
+    pub idle: bool,
 }
 
 impl PoolControl {
@@ -304,6 +326,9 @@ impl PoolControl {
             saturated: false,
             work_limit: None,
             inflight_work: None,
+            unloaded_ms: [None; 3],
+            unattainable: [false; 3],
+            idle: false,
         }
     }
 
@@ -358,7 +383,54 @@ pub struct PoolController {
     work: WorkLimit,
     /// Since when vLLM's waiting queue on this pool has been empty (none while it queues).
     drained_since: Option<Millis>,
+    /// Since when vLLM's waiting queue on this pool has held requests (none while empty).
+    queued_since: Option<Millis>,
+    /// Since when the pool has been idle: nothing waiting in vLLM and KV usage below
+    /// `idle_pressure_below`.
+    idle_since: Option<Millis>,
+    /// Per tier: its unloaded latency on this pool in ms, a slowly moving minimum of its
+    /// latency quantile ([`Baseline`]).
+    baseline: [Baseline; 3],
+    last_sample: Option<Millis>,
 }
+
+/// A tier's unloaded latency on one pool, learned the way TCP Vegas learns its base RTT: the
+/// smallest latency quantile the tier has shown, taken at once when a window shows less, and
+/// let up slowly (by `baseline_half_life_ms`) when windows show more, so that a fleet that
+/// really got slower (longer prompts, another model) is followed. Only requests that started
+/// while vLLM queued nothing are evidence of it: a fleet met while congested (Sluice started
+/// during a peak) must not teach the congestion as its normal, and without vLLM's queue
+/// signals nothing is learned and headroom is judged against the whole target.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Baseline {
+    pub ms: Option<f64>,
+}
+
+impl Baseline {
+    /// `clean`: the tier's latency quantile over requests that started with vLLM's queue
+    /// empty (ms), when there are enough; `dt_ms` since the previous sample.
+    fn learn(&mut self, clean: Option<f64>, dt_ms: Millis, half_life: Millis) {
+        let Some(o) = clean else { return };
+        self.ms = Some(match self.ms {
+            Some(b) if o > b => {
+                let k = 1.0 - 0.5f64.powf(dt_ms as f64 / half_life.max(1) as f64);
+                b + (o - b) * k
+            }
+            _ => o,
+        });
+    }
+}
+
+/// The latency budget a tier has for queueing, as a share of its target: its target less its
+/// unloaded latency, never below this (a tier whose unloaded latency is within a tenth of its
+/// target is judged against the last tenth rather than against nothing).
+const MIN_SLACK: f64 = 0.1;
+
+/// A calm level falling by thirds goes to 0 once below this.
+const CALM_SNAP: f64 = 0.5;
+
+/// Finished requests a window needs before its quantile can move a tier's baseline.
+const BASELINE_MIN_SAMPLES: usize = 8;
 
 /// Headroom under which a pool takes no fallback traffic.
 const SATURATED_BELOW: f64 = 0.1;
@@ -384,6 +456,10 @@ impl PoolController {
             recent: Default::default(),
             work: WorkLimit::default(),
             drained_since: None,
+            idle_since: None,
+            queued_since: None,
+            baseline: Default::default(),
+            last_sample: None,
         }
     }
 
@@ -429,6 +505,8 @@ impl PoolController {
                 q.pop_front();
             }
         }
+        let dt = self.last_sample.map_or(0, |t| now.saturating_sub(t));
+        self.last_sample = Some(now);
 
         let steps = ladder(rules, pool);
         // The wait a request arriving now meets. The histogram's interval mean is the past
@@ -443,17 +521,51 @@ impl PoolController {
         // Once vLLM queues nothing, the requests admitted since the rise speak for themselves:
         // the window's older answers describe a contention that is gone; and the requests
         // admitted since the queue emptied describe the level in force best of all.
-        let idle = delay_ms == Some(0.0) && signals.queue_depth.is_none_or(|w| w <= 0.0);
-        if !idle {
+        let no_queue = queue_empty && delay_ms.is_none_or(|d| d <= 0.0);
+        if !no_queue {
             self.drained_since = None;
         } else if self.drained_since.is_none() {
             self.drained_since = Some(now);
         }
-        let drained = self.drained_since.filter(|_| idle && tuning.relax_on_drain);
-        // Two readings per tier. Rising looks only at requests that started after the last
-        // rise (older ones describe a load already shed); relaxing looks at the whole window,
-        // because just after a rise only the quick requests have finished, and their good news
-        // would undo the rise before the slow ones report.
+        let drained = self.drained_since;
+        // A queue that stands (vLLM has held waiting requests for `standing_queue_ms`) is
+        // admitted work beyond what the pool serves, and with vLLM's strict FCFS Guaranteed
+        // waits in it behind everyone: so its delay may only spend a share of Guaranteed's
+        // budget (CoDel's idea: act on a standing queue, not on its bursts). Only Guaranteed's:
+        // for the lower tiers it would shed more of each other than their latencies justify.
+        if queue_empty || signals.queue_depth.is_none() {
+            self.queued_since = None;
+        } else if self.queued_since.is_none() {
+            self.queued_since = Some(now);
+        }
+        let standing = self
+            .queued_since
+            .is_some_and(|t| now.saturating_sub(t) >= tuning.standing_queue_ms)
+            .then_some(delay_ms)
+            .flatten()
+            .filter(|_| tuning.standing_queue_budget > 0.0);
+        // Idle: nothing waits in vLLM and its cache is far from full. Whatever the latencies
+        // say, shedding or shaping then cannot make anyone faster (nothing queues to be cut),
+        // so after `idle_release_ms` of it every request is let through as it is.
+        let low_kv = signals
+            .pressure
+            .zip(tuning.idle_pressure_below)
+            .is_some_and(|(p, below)| p < below);
+        if !(no_queue && low_kv) {
+            self.idle_since = None;
+        } else if self.idle_since.is_none() {
+            self.idle_since = Some(now);
+        }
+        let idle = self
+            .idle_since
+            .is_some_and(|t| now.saturating_sub(t) >= tuning.idle_release_ms);
+        // Readings per tier, as shares of its target. Rising looks only at requests that
+        // started after the last rise (older ones describe a load already shed); relaxing
+        // looks at the whole window, because just after a rise only the quick requests have
+        // finished, and their good news would undo the rise before the slow ones report.
+        // Headroom is the share of the tier's queueing budget (target less its unloaded
+        // latency) that is still unspent: 1 on an unloaded fleet whatever the target, 0 when
+        // queueing has eaten the whole budget.
         let mut latency_ms = [None; 3];
         let mut headroom = [None; 3];
         let mut relax_headroom = [None; 3];
@@ -461,6 +573,8 @@ impl PoolController {
         let mut drained_headroom: [Option<f64>; 3] = [None; 3];
         let mut missing = [0.0; 3];
         let mut lead_ratio: [Option<f64>; 3] = [None; 3];
+        let mut unloaded_ms = [None; 3];
+        let mut unattainable = [false; 3];
         for tier in Tier::ALL {
             let target = rules.tier(tier).sla_target_ms.max(1) as f64;
             let q = &self.recent[tier.index()];
@@ -468,6 +582,31 @@ impl PoolController {
                 quantile_of(started_since(q, since).collect(), level, tuning.min_samples)
             };
             let quantile = |since: Millis| quantile_at(since, tuning.quantile);
+            let whole = quantile(0);
+            // The baseline takes a quantile of a few requests only when it has a few more than
+            // the controller's readings need: the minimum of small samples is biased low.
+            let sampled = |since: Millis| {
+                let v = started_since(q, since).collect();
+                quantile_of(
+                    v,
+                    tuning.quantile,
+                    tuning.min_samples.max(BASELINE_MIN_SAMPLES),
+                )
+            };
+            let b = &mut self.baseline[tier.index()];
+            b.learn(
+                self.drained_since.and_then(sampled).map(|r| r * target),
+                dt,
+                tuning.baseline_half_life_ms,
+            );
+            let base = b.ms.map_or(0.0, |ms| ms / target);
+            unloaded_ms[tier.index()] = b.ms;
+            unattainable[tier.index()] = base >= 1.0;
+            let slack = (1.0 - base).max(MIN_SLACK);
+            // The share of the budget left once `observed` (and vLLM's queue delay, which a
+            // request arriving now meets on top) is spent.
+            let spend =
+                |observed: f64, delay: f64| (1.0 - ((observed - base) + delay) / slack).max(-10.0);
             // The queue delay only concerns a tier that sends traffic to this pool. Latencies
             // that are arriving now were mostly queued before the current delay built up, so a
             // new request is expected to see both: the observed quantile plus today's wait.
@@ -475,11 +614,10 @@ impl PoolController {
             // Without latencies of its own a tier's reading can only say "short" (vLLM makes
             // everyone wait), never "plenty": an empty queue says nothing of service times.
             let room = |observed: Option<f64>| match (observed, delay) {
-                (Some(o), d) => Some((1.0 - o - d.unwrap_or(0.0)).max(-10.0)),
-                (None, Some(d)) if d > 0.0 => Some((1.0 - d).max(-10.0)),
+                (Some(o), d) => Some(spend(o, d.unwrap_or(0.0))),
+                (None, Some(d)) if d > 0.0 => Some(spend(base, d)),
                 (None, _) => None,
             };
-            let whole = quantile(0);
             let served: Vec<f64> = q.iter().filter_map(|(_, _, r)| *r).collect();
             if !served.is_empty() {
                 missing[tier.index()] =
@@ -499,8 +637,13 @@ impl PoolController {
             let lead = lead.filter(|_| tuning.lead);
             lead_ratio[tier.index()] = lead;
             latency_ms[tier.index()] = whole.map(|r| r * target);
-            headroom[tier.index()] =
-                either(room(fresh), lead.map(|l| (1.0 - l).max(-10.0)), f64::min);
+            let stand = standing
+                .filter(|_| tier == Tier::Guaranteed && !q.is_empty())
+                .map(|d| 1.0 - d / target / (slack * tuning.standing_queue_budget));
+            headroom[tier.index()] = [room(fresh), lead.map(|l| spend(l, 0.0)), stand]
+                .into_iter()
+                .flatten()
+                .reduce(f64::min);
             // Relaxing needs latencies: a queue delay alone never proves there is room.
             relax_headroom[tier.index()] = whole.and(room(whole));
             let since_rise = quantile(self.last_change);
@@ -509,7 +652,7 @@ impl PoolController {
             // report, finished or still running at their age so far.
             drained_headroom[tier.index()] = drained
                 .and_then(|since| censored_quantile(q, &pending[tier.index()], since, tuning))
-                .map(|r| (1.0 - r).max(-10.0));
+                .map(|r| spend(r, 0.0));
         }
         let recent = &self.recent;
         let has_traffic = |t: Tier| !recent[t.index()].is_empty() || !pending[t.index()].is_empty();
@@ -521,16 +664,22 @@ impl PoolController {
             }
         };
         // Step `i` may be relaxed when every protected tier present on the pool shows enough
-        // headroom over the window (a tier without evidence yet holds the level).
+        // headroom. A tier whose target is below its unloaded latency holds nothing up (no
+        // shedding buys it its target), and one with no reading yet holds nothing up while
+        // vLLM queues nothing: a tier that is being shed reports no latencies, and the level
+        // must not stay up for want of them.
         let relaxable = |i: usize| {
             let enough = |readings: &[Option<f64>; 3]| {
                 Tier::ALL
                     .into_iter()
-                    .filter(|t| protects(i, *t) && has_traffic(*t))
-                    .all(|t| readings[t.index()].is_some_and(|h| h >= tuning.relax_above))
+                    .filter(|t| protects(i, *t) && has_traffic(*t) && !unattainable[t.index()])
+                    .all(|t| match readings[t.index()] {
+                        Some(h) => h >= tuning.relax_above,
+                        None => no_queue,
+                    })
             };
             enough(&relax_headroom)
-                || (idle && enough(&fresh_headroom))
+                || (no_queue && enough(&fresh_headroom))
                 || (drained.is_some() && enough(&drained_headroom))
         };
         let n = steps.len() as f64;
@@ -541,6 +690,12 @@ impl PoolController {
             .pressure
             .zip(tuning.shape_pressure_at)
             .is_some_and(|(p, at)| p >= at);
+        let floor = shape_floor(&steps);
+        // A nearly full cache keeps the shaping steps: only what lies above them may fall.
+        let keep = if full { floor } else { 0.0 };
+        // Calm: vLLM says nothing waits and its cache is below the shaping floor. Unknown
+        // queue signals are not calm: then the latencies alone must speak.
+        let calm = no_queue && !full;
         let mut moved = Movement::Hold;
         if let Some(kind) = rail {
             let floor = rail_level(&steps);
@@ -550,8 +705,12 @@ impl PoolController {
                 self.last_change = now;
             }
             moved = Movement::Rail(kind);
+        } else if idle {
+            if self.level > 0.0 {
+                self.level = 0.0;
+                moved = Movement::Down;
+            }
         } else {
-            let floor = shape_floor(&steps);
             if full && self.level < floor {
                 self.level = floor;
                 self.last_rise = Some(now);
@@ -565,11 +724,15 @@ impl PoolController {
             }
             // Each protected tier short of headroom asks for a rise in proportion to its
             // shortfall, up to the first step that does not protect it (an overshoot must not
-            // shed a tier for its own latency either); the largest rise wins.
+            // shed a tier for its own latency either); the largest rise wins. A tier that
+            // misses its target unloaded asks for nothing: no shedding gets it there. Nor does
+            // anyone while vLLM shows that nothing queues: latency without a queue is the
+            // batch's own pace, which refusing requests here would not buy back.
             let base = self.level.max(i as f64);
             let rise = Tier::ALL
                 .into_iter()
-                .filter(|t| i < steps.len() && protects(i, *t))
+                .filter(|t| !calm && i < steps.len() && protects(i, *t))
+                .filter(|t| !unattainable[t.index()])
                 .filter_map(|t| headroom[t.index()].map(|h| (t, h)))
                 .filter(|(_, h)| *h < tuning.escalate_below)
                 .map(|(t, h)| {
@@ -581,24 +744,31 @@ impl PoolController {
                     (t, h, (base + up).min(ceiling))
                 })
                 .max_by(|a, b| a.2.total_cmp(&b.2));
+            let held = self
+                .last_rise
+                .is_some_and(|t| now.saturating_sub(t) < tuning.hold_ms);
             if let Some((tier, h, risen)) = rise {
                 self.level = risen;
                 self.last_rise = Some(now);
                 self.last_change = now;
                 moved = Movement::Up { tier, headroom: h };
-            } else if self.level > 0.0
-                && self
-                    .last_rise
-                    .is_none_or(|t| now.saturating_sub(t) >= tuning.hold_ms)
-            {
-                // Relax the highest step in force, skipping steps nobody on this pool takes.
+            } else if self.level > keep && !held {
+                // Relax the highest step in force, skipping steps nobody on this pool takes,
+                // but never below the shaping floor a full cache keeps.
                 let mut top = self.level.ceil() as usize;
                 while top > 0 && !has_traffic(steps[top - 1].tier) {
                     top -= 1;
                 }
-                self.level = self.level.min(top as f64);
-                if self.level > 0.0 && (top == 0 || relaxable(top - 1)) {
-                    // Ample headroom relaxes faster: up to 4× step_down at twice relax_above.
+                let before = self.level;
+                self.level = self.level.min(top as f64).max(keep);
+                if calm {
+                    // Nothing queues: the level has no reason to be up, so it falls to a third
+                    // each sample (from the top of the ladder to 0 in three).
+                    let third = self.level / 3.0;
+                    self.level = if third < CALM_SNAP { 0.0 } else { third }.max(keep);
+                } else if self.level > keep && (top == 0 || relaxable(top - 1)) {
+                    // Down by step_down, faster with ample headroom: up to 4× at twice
+                    // relax_above.
                     let h = Tier::ALL
                         .into_iter()
                         .filter(|t| top > 0 && protects(top - 1, *t))
@@ -611,14 +781,10 @@ impl PoolController {
                         })
                         .fold(2.0 * tuning.relax_above, f64::min);
                     let speed = (h / tuning.relax_above.max(0.05)).clamp(1.0, 4.0);
-                    // A nearly full cache keeps the shaping steps: only what lies above them
-                    // may be relaxed (and "down" is reported only when something was).
-                    let keep = if full { floor } else { 0.0 };
-                    let lowered = (self.level - tuning.step_down * speed).max(keep);
-                    if lowered < self.level {
-                        self.level = lowered;
-                        moved = Movement::Down;
-                    }
+                    self.level = (self.level - tuning.step_down * speed).max(keep);
+                }
+                if self.level < before {
+                    moved = Movement::Down;
                 }
             }
         }
@@ -628,8 +794,14 @@ impl PoolController {
         // What `/status` shows: the window's reading, or the queue delay's when no latency is in.
         let shown: [Option<f64>; 3] =
             Tier::ALL.map(|t| relax_headroom[t.index()].or(headroom[t.index()]));
-        let saturated = shown.iter().flatten().any(|h| *h < SATURATED_BELOW)
-            || missing.iter().any(|m| *m > SATURATED_MISSING);
+        let saturated = shown
+            .iter()
+            .zip(unattainable)
+            .any(|(h, u)| !u && h.is_some_and(|h| h < SATURATED_BELOW))
+            || missing
+                .iter()
+                .zip(unattainable)
+                .any(|(m, u)| !u && *m > SATURATED_MISSING);
         let short = matches!(moved, Movement::Up { .. } | Movement::Rail(_));
         let work_limit = if tuning.work_gate {
             self.work
@@ -652,6 +824,9 @@ impl PoolController {
             saturated,
             work_limit,
             inflight_work: signals.inflight_work,
+            unloaded_ms,
+            unattainable,
+            idle,
         }
     }
 }
@@ -1074,47 +1249,273 @@ mod tests {
     }
 
     /// After a rise, the requests admitted while vLLM still queued finish late for a while; once
-    /// its queue is empty, the requests admitted since speak for the level in force, so the
-    /// level comes down while the window still holds the late answers.
+    /// its queue is empty, the requests admitted since speak for the level in force. With the
+    /// cache still full (the shaping floor held, so not calm), they let the steps above the
+    /// floor go while the window still holds the late answers.
     #[test]
     fn the_level_relaxes_once_the_queue_drains_on_what_was_admitted_since() {
         let rules = PolicyRules::default();
         let t = tuning();
-        let queuing = PoolSignals {
+        let floor = shape_floor(&ladder(&rules, Pool::OnDemand));
+        let signals = |waiting: f64| PoolSignals {
+            pressure: Some(95.0),
             queue_time_ms: Some(0.0),
-            queue_depth: Some(2.0),
+            queue_depth: Some(waiting),
             ..Default::default()
         };
+        let mut c = PoolController::new();
+        let mut o = batch(1000, Tier::Guaranteed, 3000.0, 10);
+        o.extend(batch(1000, Tier::Standard, 300.0, 10));
+        o.extend(batch(1000, Tier::BestEffort, 300.0, 10));
+        c.level = floor + 1.0;
+        c.observe(Pool::OnDemand, &rules, &t, &signals(2.0), &o, 1000);
+        let risen = c.level();
+        assert!(risen > floor + 1.0);
+        // Admitted behind the queue, answered late (the window keeps them for 3 s).
+        let late = batch(2000, Tier::Guaranteed, 1900.0, 10);
+        c.observe(Pool::OnDemand, &rules, &t, &signals(2.0), &late, 2000);
+        // The queue empties at 2.5 s; what was admitted since is quick.
+        c.observe(Pool::OnDemand, &rules, &t, &signals(0.0), &[], 2500);
+        let mut quick = batch(3600, Tier::Guaranteed, 600.0, 10);
+        quick.extend(batch(3600, Tier::Standard, 200.0, 10));
+        quick.extend(batch(3600, Tier::BestEffort, 200.0, 10));
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &signals(0.0), &quick, 3600);
+        assert!(ctl.latency_ms[0].is_some_and(|ms| ms > 1800.0), "{ctl:?}");
+        assert_eq!(ctl.moved, Movement::Down);
+        assert!(c.level() < risen && c.level() >= floor, "{}", c.level());
+    }
+
+    /// One tier's life on a pool with its target at `x` times its unloaded latency: quiet (the
+    /// baseline is learned), then congested (vLLM queues, answers take twice the target, the
+    /// level rises), then the queue empties and answers are back to the unloaded latency with
+    /// the cache half full. Returns the level at each sample after the queue emptied.
+    fn congestion_then_calm(x: f64, kv_after: f64) -> Vec<(Millis, f64)> {
+        let unloaded = 1000.0;
+        let mut rules = PolicyRules::default();
+        for (tier, ms) in [
+            (Tier::Guaranteed, unloaded * x),
+            (Tier::Standard, unloaded * x),
+            (Tier::BestEffort, unloaded * x),
+        ] {
+            rules.tiers[tier.index()].sla_target_ms = ms as u64;
+        }
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let sig = |pressure: f64, waiting: f64, delay: f64| PoolSignals {
+            pressure: Some(pressure),
+            queue_depth: Some(waiting),
+            queue_time_ms: Some(delay),
+            ..Default::default()
+        };
+        let all = |at: Millis, ms: f64| -> Vec<Outcome> {
+            Tier::ALL
+                .into_iter()
+                .flat_map(|tier| batch(at, tier, ms, 6))
+                .collect()
+        };
+        let mut at = 0;
+        for _ in 0..20 {
+            at += 500;
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &sig(30.0, 0.0, 0.0),
+                &all(at, unloaded),
+                at,
+            );
+        }
+        assert!(c.baseline[0].ms.is_some_and(|b| (b - unloaded).abs() < 1.0));
+        for _ in 0..10 {
+            at += 500;
+            let late = all(at, 2.0 * unloaded * x);
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &sig(85.0, 8.0, unloaded * x),
+                &late,
+                at,
+            );
+        }
+        assert!(
+            c.level() > 2.0,
+            "x = {x}: congestion raised the level to {}",
+            c.level()
+        );
+        (0..12)
+            .map(|_| {
+                at += 500;
+                let quick = all(at, unloaded);
+                c.observe(
+                    Pool::OnDemand,
+                    &rules,
+                    &t,
+                    &sig(kv_after, 0.0, 0.0),
+                    &quick,
+                    at,
+                );
+                (at, c.level())
+            })
+            .collect()
+    }
+
+    /// The grid: whatever the targets' distance from the unloaded latency, the level is
+    /// back at 0 within 3 s of vLLM's queue emptying (here with the cache at 60 %, so the idle
+    /// rule does not do it alone), and stays there.
+    #[test]
+    fn the_level_returns_to_zero_within_three_seconds_of_the_queue_emptying_whatever_the_targets() {
+        for x in [1.3, 1.6, 2.0, 4.0, 10.0] {
+            let after = congestion_then_calm(x, 60.0);
+            let emptied = after[0].0 - 500;
+            let zero = after
+                .iter()
+                .find(|(_, l)| *l == 0.0)
+                .map(|(t, _)| t - emptied);
+            assert!(zero.is_some_and(|ms| ms <= 3000), "x = {x}: {after:?}");
+            assert!(
+                after
+                    .iter()
+                    .skip_while(|(_, l)| *l > 0.0)
+                    .all(|(_, l)| *l == 0.0),
+                "x = {x}: {after:?}"
+            );
+        }
+    }
+
+    /// Idle means open: with nothing waiting in vLLM and its cache below 50 %, the level is 0
+    /// once that has lasted `idle_release_ms`, even within `hold_ms` of a rise and with
+    /// latencies that never reported well.
+    #[test]
+    fn an_idle_pool_refuses_and_caps_nobody() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        c.level = 5.0;
+        c.last_rise = Some(900);
         let idle = PoolSignals {
-            queue_time_ms: Some(0.0),
+            pressure: Some(20.0),
             queue_depth: Some(0.0),
+            queue_time_ms: Some(0.0),
             ..Default::default()
         };
-        let run = |t: &AdaptiveTuning| {
-            let mut c = PoolController::new();
-            let mut o = batch(1000, Tier::Guaranteed, 3000.0, 10);
-            o.extend(batch(1000, Tier::Standard, 300.0, 10));
-            c.observe(Pool::OnDemand, &rules, t, &PoolSignals::default(), &o, 1000);
-            assert_eq!(c.level(), 1.0);
-            // Admitted just after the rise, behind the queue: 0.75 of the target, short of
-            // relax_above but not of escalate_below.
-            let late = batch(2500, Tier::Guaranteed, 1500.0, 10);
-            c.observe(Pool::OnDemand, &rules, t, &queuing, &late, 2500);
-            // The queue empties at 3 s; what was admitted since is quick.
-            c.observe(Pool::OnDemand, &rules, t, &idle, &[], 3000);
-            let mut quick = batch(3600, Tier::Guaranteed, 600.0, 10);
-            quick.extend(batch(3600, Tier::Standard, 200.0, 10));
-            let ctl = c.observe(Pool::OnDemand, &rules, t, &idle, &quick, 3600);
-            (ctl.moved, c.level())
+        // Guaranteed's window still holds answers twice its target.
+        let slow = batch(1000, Tier::Guaranteed, 4000.0, 10);
+        let first = c.observe(Pool::OnDemand, &rules, &t, &idle, &slow, 1000);
+        assert!(!first.idle);
+        let ctl = c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &idle,
+            &[],
+            1000 + t.idle_release_ms,
+        );
+        assert!(ctl.idle);
+        assert_eq!(ctl.level, 0.0);
+        for tier in Tier::ALL {
+            assert_eq!(ctl.shares(tier), Shares::default(), "{tier}");
+        }
+    }
+
+    /// A shed tier reports no latencies, and a protected tier with too few answers reports no
+    /// quantile: neither may hold the level up while vLLM queues nothing.
+    #[test]
+    fn a_level_is_never_held_up_by_missing_samples() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let steps = ladder(&rules, Pool::OnDemand);
+        let std_shed = steps
+            .iter()
+            .position(|s| (s.tier, s.kind) == (Tier::Standard, StepKind::Shed))
+            .unwrap();
+        let mut c = PoolController::new();
+        c.level = (std_shed + 1) as f64;
+        // The cache is busy (not idle) but nothing queues.
+        let busy = PoolSignals {
+            pressure: Some(70.0),
+            queue_depth: Some(0.0),
+            queue_time_ms: Some(0.0),
+            ..Default::default()
         };
-        let (moved, level) = run(&t);
-        assert_eq!(moved, Movement::Down);
-        assert!(level < 1.0, "{level}");
-        let without = run(&AdaptiveTuning {
-            relax_on_drain: false,
-            ..t.clone()
-        });
-        assert_eq!(without, (Movement::Hold, 1.0));
+        let mut at = 0;
+        let mut levels = Vec::new();
+        for _ in 0..8 {
+            at += 500;
+            // Standard and Best-Effort only arrive (they are refused), Guaranteed has two
+            // answers in the window: below min_samples.
+            let mut o: Vec<Outcome> = [Tier::Standard, Tier::BestEffort]
+                .into_iter()
+                .map(|tier| Outcome::arrival(at, tier))
+                .collect();
+            o.extend(batch(
+                at,
+                Tier::Guaranteed,
+                900.0,
+                usize::from(at % 1500 == 0),
+            ));
+            levels.push(c.observe(Pool::OnDemand, &rules, &t, &busy, &o, at).level);
+        }
+        assert_eq!(levels.last(), Some(&0.0), "{levels:?}");
+    }
+
+    /// A target tighter than the tier's unloaded latency: no shedding gets it there, so the
+    /// tier is reported and raises nothing, even while vLLM queues.
+    #[test]
+    fn a_target_below_the_unloaded_latency_is_reported_and_sheds_nobody() {
+        let mut rules = PolicyRules::default();
+        rules.tiers[Tier::Guaranteed.index()].sla_target_ms = 1000;
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let sig = |waiting: f64| PoolSignals {
+            pressure: Some(60.0),
+            queue_depth: Some(waiting),
+            queue_time_ms: Some(waiting * 10.0),
+            ..Default::default()
+        };
+        let mut at = 0;
+        let mut ctl = None;
+        for i in 0..20 {
+            at += 500;
+            let o = batch(at, Tier::Guaranteed, 1200.0 + f64::from(i % 3) * 50.0, 8);
+            let waiting = if i < 10 { 0.0 } else { 2.0 };
+            ctl = Some(c.observe(Pool::OnDemand, &rules, &t, &sig(waiting), &o, at));
+        }
+        let ctl = ctl.unwrap();
+        assert!(ctl.unattainable[0], "{ctl:?}");
+        assert!(ctl.unloaded_ms[0].is_some_and(|ms| ms >= 1200.0));
+        assert_eq!(ctl.level, 0.0, "{ctl:?}");
+    }
+
+    /// Headroom is the share of the tier's queueing budget (target less unloaded latency)
+    /// left: 1 on an unloaded fleet however close the target is, 0.5 once queueing has added
+    /// half of the budget.
+    #[test]
+    fn headroom_is_measured_against_what_queueing_adds_to_the_unloaded_latency() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let sig = |delay: f64, waiting: f64| PoolSignals {
+            pressure: Some(40.0),
+            queue_depth: Some(waiting),
+            queue_time_ms: Some(delay),
+            ..Default::default()
+        };
+        let mut at = 0;
+        let mut ctl = None;
+        for _ in 0..10 {
+            at += 500;
+            let o = batch(at, Tier::Guaranteed, 1150.0, 8);
+            ctl = Some(c.observe(Pool::OnDemand, &rules, &t, &sig(0.0, 0.0), &o, at));
+        }
+        // Guaranteed's target is 2000 ms: the old margin would have read 1 - 1150/2000 = 0.43.
+        let h = ctl.unwrap().headroom[0].unwrap();
+        assert!((h - 1.0).abs() < 1e-9, "{h}");
+        at += 500;
+        let o = batch(at, Tier::Guaranteed, 1150.0, 8);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &sig(425.0, 3.0), &o, at);
+        let h = ctl.headroom[0].unwrap();
+        assert!((h - 0.5).abs() < 1e-9, "{h}");
     }
 
     #[test]
@@ -1171,6 +1572,37 @@ mod tests {
         let ctl =
             PoolController::new().observe(Pool::OnDemand, &rules, &off, &full, &quick(1000), 1000);
         assert_eq!(ctl.level, 0.0, "turned off, KV alone moves nothing");
+    }
+
+    /// The report: KV steady at 92 % and Standard arriving only now and then. The floor
+    /// must not be relaxed away between two of its requests (its steps had no recent traffic),
+    /// so every sparse Standard request meets the cap.
+    #[test]
+    fn the_shaping_floor_holds_for_sparse_traffic() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let full = PoolSignals {
+            pressure: Some(92.0),
+            queue_depth: Some(0.0),
+            queue_time_ms: Some(0.0),
+            ..Default::default()
+        };
+        let floor = shape_floor(&ladder(&rules, Pool::OnDemand));
+        for i in 1..=40u64 {
+            let at = i * 500;
+            // A Standard request every 5 s, answered quickly a second later.
+            let mut o = Vec::new();
+            if i % 10 == 0 {
+                o.push(Outcome::arrival(at, Tier::Standard));
+            }
+            if i % 10 == 2 {
+                o.push(Outcome::served(at, Tier::Standard, 300.0));
+            }
+            let ctl = c.observe(Pool::OnDemand, &rules, &t, &full, &o, at);
+            assert!(ctl.level >= floor, "sample {i}: {ctl:?}");
+            assert_eq!(ctl.shares(Tier::Standard).cap, 1.0, "sample {i}");
+        }
     }
 
     #[test]

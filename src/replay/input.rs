@@ -416,7 +416,11 @@ pub fn fingerprint(rules: &PolicyRules, tier: Tier) -> RulesFingerprint {
         .word(a.assumed_max_tokens)
         .f(a.rise_gain)
         .word(u64::from(a.lead))
-        .word(u64::from(a.relax_on_drain))
+        .opt(a.idle_pressure_below)
+        .word(a.idle_release_ms)
+        .word(a.baseline_half_life_ms)
+        .word(a.standing_queue_ms)
+        .f(a.standing_queue_budget)
         .word(u64::from(rules.spot_is_on_demand));
     match rules.fallback_capacity {
         crate::policy::tenant_policy::FallbackCapacity::None => h.word(0),
@@ -644,7 +648,7 @@ pub(crate) mod tests {
             |r| r.adaptive.escalate_below = 0.4,
             |r| r.adaptive.rise_gain = 2.0,
             |r| r.adaptive.lead = false,
-            |r| r.adaptive.relax_on_drain = false,
+            |r| r.adaptive.idle_pressure_below = None,
             |r| r.tiers[Tier::Standard.index()].brownout_max_tokens = None,
         ];
         for (i, change) in changed.iter().enumerate() {
