@@ -119,6 +119,8 @@ fn admission_control(state: &PolicyState, rules: &PolicyRules) -> Value {
                     let sh = c.shares(t);
                     let v = json!({
                         "headroom": c.headroom[t.index()],
+                        "unloaded_latency_ms": c.unloaded_ms[t.index()],
+                        "target_unattainable": c.unattainable[t.index()],
                         "latency_p_ms": c.latency_ms[t.index()],
                         "lead_p_ms": c.lead_ms[t.index()],
                         "sla_target_ms": rules.tier(t).sla_target_ms,
@@ -131,6 +133,10 @@ fn admission_control(state: &PolicyState, rules: &PolicyRules) -> Value {
                 Movement::Hold => json!({"direction": "hold"}),
                 Movement::Down => json!({"direction": "down",
                     "why": "every protected tier has headroom above relax_above"}),
+                Movement::Calm => json!({"direction": "down",
+                    "why": "vLLM queues nothing and the cache is below shape_pressure_at"}),
+                Movement::Idle => json!({"direction": "down",
+                    "why": "idle: nothing queued and KV-cache usage below idle_pressure_below for idle_release_ms"}),
                 Movement::Up { tier, headroom } => json!({"direction": "up",
                     "why": format!("{} headroom {headroom:.2} below escalate_below", tier.as_str()),
                     "tier": tier.as_str(), "headroom": headroom}),
@@ -150,6 +156,7 @@ fn admission_control(state: &PolicyState, rules: &PolicyRules) -> Value {
                 "moved": moved,
                 "saturated": c.saturated,
                 "shaping": c.shaping,
+                "idle": c.idle,
                 "work_limit_tokens": c.work_limit,
                 "inflight_work_tokens": c.inflight_work,
             });
@@ -320,6 +327,18 @@ pub fn refresh_gauges(app: &App) {
                     let _ = m.tier_headroom.remove_label_values(&labels);
                 }
             }
+            match c.unloaded_ms[t.index()] {
+                Some(ms) => m
+                    .tier_unloaded_latency
+                    .with_label_values(&labels)
+                    .set(ms / 1000.0),
+                None => {
+                    let _ = m.tier_unloaded_latency.remove_label_values(&labels);
+                }
+            }
+            m.tier_target_unattainable
+                .with_label_values(&labels)
+                .set(f64::from(u8::from(c.unattainable[t.index()])));
         }
     }
     for t in Tier::ALL {

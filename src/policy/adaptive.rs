@@ -265,6 +265,10 @@ pub enum Movement {
     },
     /// Lowered: the protected headroom is back above `relax_above` (or unknown).
     Down,
+    /// Lowered fast: vLLM queues nothing and the cache is below `shape_pressure_at`.
+    Calm,
+    /// Set to 0: the pool has been idle for `idle_release_ms`.
+    Idle,
     /// A hard rail tripped.
     Rail(RailKind),
     /// KV usage reached `shape_pressure_at`: every shaping step put in force.
@@ -693,8 +697,11 @@ impl PoolController {
         let floor = shape_floor(&steps);
         // A nearly full cache keeps the shaping steps: only what lies above them may fall.
         let keep = if full { floor } else { 0.0 };
-        // Calm: vLLM says nothing waits and its cache is below the shaping floor. Unknown
-        // queue signals are not calm: then the latencies alone must speak.
+        // Calm: vLLM says nothing waits and its cache is below the shaping floor. Then no
+        // request waits anywhere that a refusal here would shorten: a latency over the
+        // baseline without a queue is the batch's own pace (or a slow GPU), and shedding for
+        // it was measured to cost lower tiers far more than it bought (bench/RESULTS.md).
+        // Unknown queue signals are not calm: then the latencies alone must speak.
         let calm = no_queue && !full;
         let mut moved = Movement::Hold;
         if let Some(kind) = rail {
@@ -708,7 +715,7 @@ impl PoolController {
         } else if idle {
             if self.level > 0.0 {
                 self.level = 0.0;
-                moved = Movement::Down;
+                moved = Movement::Idle;
             }
         } else {
             if full && self.level < floor {
@@ -784,7 +791,7 @@ impl PoolController {
                     self.level = (self.level - tuning.step_down * speed).max(keep);
                 }
                 if self.level < before {
-                    moved = Movement::Down;
+                    moved = if calm { Movement::Calm } else { Movement::Down };
                 }
             }
         }

@@ -620,10 +620,30 @@ impl SignalHub {
             [&outcomes[0], &outcomes[1]],
             now,
         ));
+        warn_of_unattainable_targets(&self.state.load(), &state);
         self.state.store(Arc::clone(&state));
         self.sampled
             .store(true, std::sync::atomic::Ordering::Relaxed);
         state
+    }
+}
+
+/// Logs once, when it is first measured, a tier whose target is below its learned unloaded
+/// latency on a pool: the controller will not shed anyone for it, and an operator who set
+/// the target should hear why.
+fn warn_of_unattainable_targets(before: &PolicyState, now: &PolicyState) {
+    let pools = [Pool::OnDemand, Pool::Spot];
+    for ((pool, was), is) in pools.iter().zip(&before.pools).zip(&now.pools) {
+        for tier in Tier::ALL {
+            let i = tier.index();
+            if is.unattainable[i] && !was.unattainable[i] {
+                log::warn!(
+                    "{tier}'s SLA target is below its unloaded latency on the {} pool ({:.0} ms): no shedding can meet it, so it sheds nobody (see /status admission_control)",
+                    pool.as_str(),
+                    is.unloaded_ms[i].unwrap_or(0.0)
+                );
+            }
+        }
     }
 }
 
