@@ -364,9 +364,10 @@ async fn jsonl_exports_and_the_request_log_replay_like_the_ledger_in_adaptive_mo
     pin_kv(&s, &od, Some(0.5)).await;
     sent += burst(&s, &TENANTS, 3).await;
     pin_kv(&s, &od, None).await;
-    // On-demand slow: Guaranteed's answers take ~0.9 s of its 1 s, the level rises a little
-    // at a time and Standard is capped before anything is shed.
+    // On-demand slow and queueing: Guaranteed's answers take ~0.9 s of its 1 s, the level
+    // rises a little at a time and Standard is capped before anything is shed.
     sim_admin(&od, "/admin/latency", json!({"extra_ms": 600})).await;
+    sim_admin(&od, "/admin/kv", json!({"waiting": 1})).await;
     let mut degraded = false;
     for _ in 0..40 {
         sent += burst(&s, &["support-bot"], 5).await;
@@ -379,6 +380,7 @@ async fn jsonl_exports_and_the_request_log_replay_like_the_ledger_in_adaptive_mo
     }
     assert!(degraded, "Standard was never capped");
     sim_admin(&od, "/admin/latency", json!({"extra_ms": 0})).await;
+    sim_admin(&od, "/admin/kv", json!({"waiting": null})).await;
     // KV at the rail: Standard shed at once.
     pin_kv(&s, &od, Some(1.0)).await;
     sent += burst(&s, &TENANTS, 2).await;

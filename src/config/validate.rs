@@ -346,13 +346,6 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
     if a.baseline_half_life_ms == 0 {
         return err(&key("baseline_half_life_ms"), "must be > 0".into());
     }
-    let b = a.standing_queue_budget;
-    if !(b.is_finite() && (0.0..=1.0).contains(&b)) {
-        return err(
-            &key("standing_queue_budget"),
-            format!("{b} is outside 0..=1 (a share of Guaranteed's queueing budget; 0 turns the rule off)"),
-        );
-    }
     Ok(())
 }
 

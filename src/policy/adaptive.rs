@@ -79,10 +79,6 @@ pub struct AdaptiveTuning {
     pub idle_release_ms: Millis,
     /// How slowly a tier's learned unloaded latency may rise (see [`Baseline`]).
     pub baseline_half_life_ms: Millis,
-    /// Once vLLM's queue has stood this long, its delay may spend only this share of
-    /// Guaranteed's queueing budget before the level rises (0: no such rule).
-    pub standing_queue_ms: Millis,
-    pub standing_queue_budget: f64,
 }
 
 impl Default for AdaptiveTuning {
@@ -109,8 +105,6 @@ impl Default for AdaptiveTuning {
             idle_pressure_below: Some(50.0),
             idle_release_ms: 1500,
             baseline_half_life_ms: 30_000,
-            standing_queue_ms: 1000,
-            standing_queue_budget: 0.5,
         }
     }
 }
@@ -387,8 +381,6 @@ pub struct PoolController {
     work: WorkLimit,
     /// Since when vLLM's waiting queue on this pool has been empty (none while it queues).
     drained_since: Option<Millis>,
-    /// Since when vLLM's waiting queue on this pool has held requests (none while empty).
-    queued_since: Option<Millis>,
     /// Since when the pool has been idle: nothing waiting in vLLM and KV usage below
     /// `idle_pressure_below`.
     idle_since: Option<Millis>,
@@ -461,7 +453,6 @@ impl PoolController {
             work: WorkLimit::default(),
             drained_since: None,
             idle_since: None,
-            queued_since: None,
             baseline: Default::default(),
             last_sample: None,
         }
@@ -532,22 +523,6 @@ impl PoolController {
             self.drained_since = Some(now);
         }
         let drained = self.drained_since;
-        // A queue that stands (vLLM has held waiting requests for `standing_queue_ms`) is
-        // admitted work beyond what the pool serves, and with vLLM's strict FCFS Guaranteed
-        // waits in it behind everyone: so its delay may only spend a share of Guaranteed's
-        // budget (CoDel's idea: act on a standing queue, not on its bursts). Only Guaranteed's:
-        // for the lower tiers it would shed more of each other than their latencies justify.
-        if queue_empty || signals.queue_depth.is_none() {
-            self.queued_since = None;
-        } else if self.queued_since.is_none() {
-            self.queued_since = Some(now);
-        }
-        let standing = self
-            .queued_since
-            .is_some_and(|t| now.saturating_sub(t) >= tuning.standing_queue_ms)
-            .then_some(delay_ms)
-            .flatten()
-            .filter(|_| tuning.standing_queue_budget > 0.0);
         // Idle: nothing waits in vLLM and its cache is far from full. Whatever the latencies
         // say, shedding or shaping then cannot make anyone faster (nothing queues to be cut),
         // so after `idle_release_ms` of it every request is let through as it is.
@@ -641,13 +616,7 @@ impl PoolController {
             let lead = lead.filter(|_| tuning.lead);
             lead_ratio[tier.index()] = lead;
             latency_ms[tier.index()] = whole.map(|r| r * target);
-            let stand = standing
-                .filter(|_| tier == Tier::Guaranteed && !q.is_empty())
-                .map(|d| 1.0 - d / target / (slack * tuning.standing_queue_budget));
-            headroom[tier.index()] = [room(fresh), lead.map(|l| spend(l, 0.0)), stand]
-                .into_iter()
-                .flatten()
-                .reduce(f64::min);
+            headroom[tier.index()] = either(room(fresh), lead.map(|l| spend(l, 0.0)), f64::min);
             // Relaxing needs latencies: a queue delay alone never proves there is room.
             relax_headroom[tier.index()] = whole.and(room(whole));
             let since_rise = quantile(self.last_change);
