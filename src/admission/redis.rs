@@ -159,6 +159,8 @@ struct TierKeys {
     wt: String,
     wc: String,
     pushed: String,
+    vtc_last: String,
+    before: String,
 }
 
 impl TierKeys {
@@ -175,6 +177,8 @@ impl TierKeys {
             wt: k("wt"),
             wc: k("wc"),
             pushed: k("pushed"),
+            vtc_last: k("vtc_last"),
+            before: k("before"),
             base,
         }
     }
@@ -190,7 +194,9 @@ impl TierKeys {
             .key(&self.vtc_at)
             .key(&self.wt)
             .key(&self.wc)
-            .key(&self.pushed);
+            .key(&self.pushed)
+            .key(&self.vtc_last)
+            .key(&self.before);
     }
 
     /// A per-tier script's keys and its first argument, the key base.
@@ -1303,6 +1309,44 @@ mod tests {
         );
     }
 
+    /// The scripts' side of fair.rs's `a_tenant_back_from_a_momentary_empty_queue_keeps_its_turn`:
+    /// a tenant whose queue emptied for a moment is not lifted level with a tenant charged in
+    /// advance for a request that may still run, so it is served next, not after it.
+    #[tokio::test]
+    async fn a_tenant_back_from_a_momentary_empty_queue_keeps_its_turn() {
+        let mut ns = Ns::new().await;
+        let k = ns.keys(Tier::Standard);
+        for (member, tenant, charge) in [
+            ("g0", "gold", 800.0),
+            ("h0", "heavy", 920.0),
+            ("h1", "heavy", 920.0),
+            ("g1", "gold", 240.0),
+        ] {
+            assert_eq!(ns.admit_for(&k, 4, member, 5000, tenant, charge).await.0, 1);
+        }
+        assert_eq!(ns.enqueue_for(&k, "hw", 10, 5000, "heavy", 920.0).await, 1);
+        assert_eq!(ns.enqueue_for(&k, "gw", 10, 5000, "gold", 240.0).await, 1);
+        let score = |set: String, t: &'static str| {
+            let mut c = ns.conn.clone();
+            async move {
+                let v: Option<f64> = redis::cmd("ZSCORE")
+                    .arg(set)
+                    .arg(t)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                v.unwrap()
+            }
+        };
+        assert_eq!(score(k.backlog.clone(), "gold").await, 1040.0, "not lifted");
+        assert_eq!(score(k.before.clone(), "heavy").await, 920.0);
+        assert_eq!(ns.claim(&k, "hw", 5, "m1").await, 0, "gold's turn first");
+        assert_eq!(ns.claim(&k, "gw", 5, "m1").await, 1);
+        assert_eq!(ns.claim(&k, "hw", 6, "m2").await, 1);
+        assert_eq!(ns.zcard(&k.backlog).await, 0);
+        assert_eq!(ns.zcard(&k.before).await, 0, "nobody waits any more");
+    }
+
     /// The claim script serves the waiting tenant with the least service, FIFO within each:
     /// a light tenant that queues behind a heavy tenant's burst is not served last.
     #[tokio::test]
@@ -1339,9 +1383,10 @@ mod tests {
             assert_eq!(claimed.len(), 1, "exactly one claim per freed slot");
             order.extend(claimed);
         }
-        // heavy was charged for the slot it held, light was lifted to its counter on joining:
-        // tie, and heavy's head is older; then they alternate until light runs out.
-        assert_eq!(order, ["h0", "l0", "h1", "l1", "h2", "h3"]);
+        // heavy was charged in advance for the slot it held, light was lifted only to heavy's
+        // counter before that charge: light first, then a tie that heavy's older head wins;
+        // then they alternate until light runs out.
+        assert_eq!(order, ["l0", "h0", "l1", "h1", "h2", "h3"]);
         assert_eq!(ns.zcard(&k.backlog).await, 0, "nobody waits any more");
     }
 

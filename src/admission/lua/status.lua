@@ -16,7 +16,7 @@ for i = 1, tiers do
   -- Counters matter only between waiting tenants; with nobody waiting a large set (tenant ids
   -- can come from a client header) is forgotten rather than kept forever.
   if queued == 0 and redis.call('HLEN', K.vtc) > 4096 then
-    redis.call('DEL', K.vtc, K.vtc_at)
+    redis.call('DEL', K.vtc, K.vtc_at, K.vtc_last)
   end
   local waiting = {}
   local entries = redis.call('ZRANGE', K.backlog, 0, listed - 1, 'WITHSCORES')
