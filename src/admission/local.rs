@@ -296,6 +296,7 @@ impl AdmissionControl for LocalAdmission {
         let t = self.inner.lock(tier);
         TierAdmission {
             inflight: t.inflight,
+            idle_credits: 0,
             queued: t.queued as u64,
             capacity: t.capacity,
         }
@@ -408,6 +409,7 @@ mod tests {
             a.status(Tier::Standard),
             TierAdmission {
                 inflight: 0,
+                idle_credits: 0,
                 queued: 0,
                 capacity: 1
             }

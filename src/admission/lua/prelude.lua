@@ -10,8 +10,9 @@
 -- seq: arrival counter; backlog: waiting tenants by virtual token counter; vtc / vtc_at /
 -- vtc_last: each tenant's counter, when it was last charged and by how much; before: waiting
 -- tenants by their counter before their latest charge; wt / wc: each waiter's tenant and
--- charge; pushed: waiters pushed out of a full queue, until they notice.
-local TIER_KEYS = 12
+-- charge; pushed: waiters pushed out of a full queue, until they notice; credits: each
+-- replica's idle capacity credits (slots it leased and no request uses), as it last reported.
+local TIER_KEYS = 13
 
 local function tier_keys(offset)
   return {
@@ -19,6 +20,7 @@ local function tier_keys(offset)
     seq = KEYS[offset + 4], backlog = KEYS[offset + 5], vtc = KEYS[offset + 6],
     vtc_at = KEYS[offset + 7], wt = KEYS[offset + 8], wc = KEYS[offset + 9],
     pushed = KEYS[offset + 10], vtc_last = KEYS[offset + 11], before = KEYS[offset + 12],
+    credits = KEYS[offset + 13],
   }
 end
 
