@@ -56,6 +56,23 @@ async fn best_effort_is_judged_on_spot_and_kv_pressure_is_only_a_rail() {
         );
     }
     assert_eq!(decision(&s, "batch-analytics", 20).await.3, "spot");
+    // /status does not present the thresholds mode's view (Best-Effort Critical at 60 %, driven
+    // by pressure) as if it were in force: the state is the admission level's, and the
+    // thresholds are listed as not in force.
+    let st = s.status().await;
+    for tier in ["Guaranteed", "Standard", "Best-Effort"] {
+        let t = tier_status(&st, tier);
+        assert_eq!(t["state"], "Normal", "{t}");
+        assert!(
+            t.get("driver").is_none() && t.get("thresholds").is_none(),
+            "{t}"
+        );
+        assert_eq!(t["thresholds_mode"]["in_force"], false, "{t}");
+    }
+    assert!(
+        !s.metrics().await.contains("sluice_tier_threshold{"),
+        "thresholds are not exported as if in force"
+    );
 
     // On-demand nearly full: Standard gets its deepest cap at once, before any latency is
     // late, and nobody is refused; Guaranteed and Best-Effort (on spot) are untouched.

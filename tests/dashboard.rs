@@ -201,9 +201,53 @@ async fn dashboard_plots_admission_level_and_headroom() {
         r#"data-level="0""#,
         r#"data-headroom="Guaranteed""#,
         "policy: adaptive",
+        // The thresholds decide nothing in adaptive mode.
+        "not in force",
     ] {
         assert!(
             dom.contains(needle),
+            "rendered dashboard lacks {needle}:\n{dom}"
+        );
+    }
+}
+
+/// With Redis, a tier's idle capacity credits are shown beside its requests in flight, not
+/// counted as requests.
+#[tokio::test]
+async fn dashboard_shows_idle_credits_apart_from_requests_in_flight() {
+    let od = sim("llama-3-70b", &[]).await;
+    let ns = RedisNs::new(&shared_redis_url());
+    let mut cfg = config(&[&od.addr], &[&od.addr]);
+    merge(
+        &mut cfg,
+        json!({
+            "redis_url": ns.url,
+            "coordination": {"redis_prefix": ns.prefix},
+            "tiers": {"Guaranteed": {"inflight_capacity": 256}},
+        }),
+    );
+    let sluice = serve(&cfg).await;
+    let idle = wait_for(Duration::from_secs(20), "idle credits", || async {
+        let r = sluice
+            .chat("support-bot", chat_body("llama-3-70b", Some(4)))
+            .await;
+        assert_eq!(r.status(), 200);
+        let t = sluice.tier("Guaranteed").await;
+        let idle = t["idle_credits"].as_u64().filter(|n| *n > 0)?;
+        (t["inflight"] == 0).then_some(idle)
+    })
+    .await;
+    let url = sluice.url("/dashboard");
+    let dom = tokio::task::spawn_blocking(move || chromium(&url, &["--dump-dom"]))
+        .await
+        .unwrap();
+    for needle in [
+        r#"data-inflight="0">0 / 256"#.to_string(),
+        format!(r#"data-idle-credits="{idle}""#),
+        format!("+{idle} idle credits"),
+    ] {
+        assert!(
+            dom.contains(&needle),
             "rendered dashboard lacks {needle}:\n{dom}"
         );
     }

@@ -1,7 +1,8 @@
 //! Fair share between tenants inside one contended tier, over HTTP through real `sluice serve`
 //! processes and the project's vLLM simulator: a light tenant that arrives just after a heavy
 //! tenant's burst is served alongside it rather than behind it, weights divide the tier's
-//! tokens, and the same holds across replicas sharing Redis (random key prefix per test).
+//! tokens — also between closed-loop clients whose prompts and completions differ in size —
+//! and the same holds across replicas sharing Redis (random key prefix per test).
 
 mod common;
 use common::*;
@@ -217,4 +218,170 @@ async fn fair_share_holds_across_three_replicas_on_redis() {
     )
     .await;
     drop(replicas);
+}
+
+/// One of issue 41's tenants: twelve closed-loop clients sending prompts of `prompt_tokens`
+/// for `max_tokens` each.
+struct Load {
+    tenant: &'static str,
+    prompt_tokens: usize,
+    max_tokens: u64,
+}
+
+const GOLD: Load = Load {
+    tenant: "gold",
+    prompt_tokens: 200,
+    max_tokens: 40,
+};
+const HEAVY: Load = Load {
+    tenant: "heavy",
+    prompt_tokens: 800,
+    max_tokens: 120,
+};
+const CLIENTS: usize = 12;
+
+/// Issue 41's setup: Standard capacity 4, a 30 s queue wait so nobody times out behind the
+/// favoured tenant, gold at `gold_weight` and heavy at 1.
+fn closed_loop_cfg(sim: &str, gold_weight: f64, redis: Option<&RedisNs>) -> Value {
+    let mut c = cfg(sim, true, redis);
+    merge(
+        &mut c,
+        json!({
+            "tenants": {"gold": {"tier": "Standard", "weight": gold_weight}},
+            "tiers": {"Standard": {"inflight_capacity": 4}},
+            "queue": {"max_wait_seconds": 30},
+        }),
+    );
+    c
+}
+
+/// A chat body whose prompt the simulator counts as exactly `prompt_tokens` (four characters
+/// a token).
+fn sized_body(load: &Load) -> Value {
+    json!({"model": "llama-3-70b", "max_tokens": load.max_tokens,
+           "messages": [{"role": "user", "content": "abcd".repeat(load.prompt_tokens)}]})
+}
+
+/// Each tenant's clients send their next request `pause` after the last one's answer, for
+/// `secs`: the tokens (prompt + completion, from usage) each tenant was served by requests
+/// that ended in that time, gold first, and the share of `/status` samples in which both
+/// tenants were waiting. Every request must be served as sent: none refused, none capped.
+async fn closed_loop_tokens(replicas: &[Sluice], secs: u64, pause: Duration) -> ([u64; 2], f64) {
+    let until = Instant::now() + Duration::from_secs(secs);
+    let mut workers = Vec::new();
+    for (i, load) in [&GOLD, &HEAVY].into_iter().enumerate() {
+        for c in 0..CLIENTS {
+            let s = &replicas[c % replicas.len()];
+            workers.push(async move {
+                let http = client();
+                let mut served = 0;
+                loop {
+                    let r = http
+                        .post(s.url("/v1/chat/completions"))
+                        .header("x-tenant-id", load.tenant)
+                        .json(&sized_body(load))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200, "{} refused", load.tenant);
+                    let v: Value = r.json().await.unwrap();
+                    if Instant::now() > until {
+                        return (i, served);
+                    }
+                    let usage = &v["usage"];
+                    assert_eq!(usage["completion_tokens"], load.max_tokens, "capped: {v}");
+                    served += usage["total_tokens"].as_u64().unwrap_or(0);
+                    tokio::time::sleep(pause).await;
+                }
+            });
+        }
+    }
+    let sampler = async {
+        let (mut both, mut samples) = (0, 0);
+        while Instant::now() < until {
+            let t = replicas[0].tier("Standard").await;
+            samples += 1;
+            both += usize::from(
+                t["waiting_tenants"]
+                    .as_array()
+                    .is_some_and(|w| w.len() == 2),
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        both as f64 / samples.max(1) as f64
+    };
+    let (served, both) = tokio::join!(join_all(workers), sampler);
+    let mut tokens = [0; 2];
+    for (i, t) in served {
+        tokens[i] += t;
+    }
+    (tokens, both)
+}
+
+/// Issue 41: with weights `gold_weight`:1, gold's share of the tokens is within 15 % of its
+/// weight over heavy's, both tenants waiting throughout. Clients pause `pause` between an answer
+/// and their next request, so the favoured tenant's queue empties now and then.
+async fn assert_closed_loop_share(sim: &Proc, replicas: usize, gold_weight: f64, pause: Duration) {
+    let ns = RedisNs::new(&shared_redis_url());
+    let redis = (replicas > 1).then_some(&ns);
+    let mut cluster = Vec::new();
+    for _ in 0..replicas {
+        let s = serve_with(&closed_loop_cfg(&sim.addr, gold_weight, redis), &[], true).await;
+        if redis.is_some() {
+            wait_for(Duration::from_secs(10), "redis reachable", || async {
+                (s.status().await["admission"]["reachable"] == true).then_some(())
+            })
+            .await;
+        }
+        cluster.push(s);
+    }
+    let ([gold, heavy], both) = closed_loop_tokens(&cluster, 15, pause).await;
+    let share = gold as f64 / heavy as f64;
+    eprintln!(
+        "{replicas} replica(s), weights {gold_weight}:1: gold:heavy tokens {gold}:{heavy} = \
+         {share:.3}, both waiting in {:.0} % of samples",
+        both * 100.0
+    );
+    assert!(
+        both >= 0.8,
+        "both tenants waiting in only {:.0} % of samples",
+        both * 100.0
+    );
+    assert!(
+        (share / gold_weight - 1.0).abs() <= 0.15,
+        "weights {gold_weight}:1: gold:heavy tokens {gold}:{heavy} = {share:.2}, want within 15 %"
+    );
+}
+
+/// A client's own turnaround between an answer and its next request: enough for gold's queue
+/// to empty at times, well short of leaving gold without the demand for its share (near 250 ms
+/// on a two-core machine running the other tests too).
+const PAUSE: Duration = Duration::from_millis(100);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn weighted_token_shares_hold_for_unequal_sizes_and_closed_loop_clients() {
+    let sim = sim("llama-3-70b", &[]).await;
+    for weight in [1.0, 3.0] {
+        assert_closed_loop_share(&sim, 1, weight, PAUSE).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn weighted_token_shares_hold_across_three_replicas_on_redis() {
+    let sim = sim("llama-3-70b", &[]).await;
+    for weight in [1.0, 3.0] {
+        assert_closed_loop_share(&sim, 3, weight, PAUSE).await;
+    }
+}
+
+/// Issue 41's measurement as it was found: with 200 ms pauses gold's queue empties between its
+/// clients' requests while it still asks for more than its share (both tenants waiting in
+/// every `/status` sample). Lifting gold level with heavy on each return gave 1.7 here; the
+/// edge where gold runs short of demand is near, so this runs on a quiet machine only:
+/// `cargo test --test fairness_e2e -- --ignored --test-threads 1 --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore]
+async fn a_favoured_tenant_whose_queue_empties_between_requests_keeps_its_share() {
+    let sim = sim("llama-3-70b", &[]).await;
+    assert_closed_loop_share(&sim, 1, 3.0, Duration::from_millis(200)).await;
 }

@@ -1,6 +1,6 @@
 //! Shared admission across real `sluice serve` processes on one Redis: the bound under a burst,
-//! FIFO across replicas, a replica killed while holding streams, a Redis outage mid-load, and
-//! the accounting after a long mixed run. The shared Redis is `SLUICE_TEST_REDIS_URL` (default
+//! FIFO across replicas, a replica killed while holding streams, a Redis outage mid-load, the
+//! accounting after a long mixed run, and requests in flight told apart from capacity credits. The shared Redis is `SLUICE_TEST_REDIS_URL` (default
 //! 127.0.0.1:6379) under a random prefix per test; the outage test runs its own redis-server.
 
 mod common;
@@ -635,5 +635,103 @@ async fn after_a_long_mixed_run_every_counter_and_lease_returns_to_zero() {
         let a = s.status().await["admission"].clone();
         assert_eq!(a["fail_open_total"], 0, "{a}");
         assert_eq!(a["lost_leases_total"], 0, "{a}");
+    }
+}
+
+/// Every replica's `/status` for `tier`: requests in flight, idle credits (both cluster-wide),
+/// and the idle credits the replica itself reports holding (every tier).
+async fn credit_figures(rs: &[Sluice], tier: &str) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    for s in rs {
+        let st = s.status().await;
+        let t = tier_status(&st, tier);
+        let n = |v: &Value| v.as_u64().unwrap_or(u64::MAX);
+        out.push((
+            n(&t["inflight"]),
+            n(&t["idle_credits"]),
+            n(&st["admission"]["idle_credits"]),
+        ));
+    }
+    out
+}
+
+/// Issue 41: a tier with capacity credits keeps leased slots on each replica after the load
+/// ends. They count against the capacity but are no requests: every replica's `/status` and
+/// `/metrics` show the requests in flight (0 once nothing runs) and the idle credits apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_in_flight_and_idle_credits_are_shown_apart() {
+    let ns = Ns::new(&shared_url());
+    let sim = sim("llama-3-70b", &[]).await;
+    // Capacity 256: blocks of 16 credits.
+    let rs = replicas(2, || {
+        replica_cfg(
+            &sim.addr,
+            &ns,
+            json!({"tiers": {"Guaranteed": {"inflight_capacity": 256}}}),
+        )
+    })
+    .await;
+    let c = client();
+    let small = body(4, false);
+    // Load through both replicas until each holds a block of credits.
+    wait_for(
+        Duration::from_secs(20),
+        "credits on both replicas",
+        || async {
+            let sent = futures_util::future::join_all(
+                (0..20).map(|i| post(&c, &rs[i % 2], GUARANTEED, &small)),
+            )
+            .await;
+            assert!(sent
+                .iter()
+                .all(|r| r.as_ref().is_ok_and(|r| r.status() == 200)));
+            let figures = credit_figures(&rs, "Guaranteed").await;
+            figures.iter().all(|f| f.2 > 0).then_some(())
+        },
+    )
+    .await;
+
+    // Requests running now are counted as requests, whether a credit or a script admitted them.
+    let long = body(3000, false);
+    let running =
+        futures_util::future::join_all((0..6).map(|i| post(&c, &rs[i % 2], GUARANTEED, &long)));
+    let watch = wait_for(
+        Duration::from_secs(10),
+        "six requests in flight",
+        || async {
+            let f = credit_figures(&rs, "Guaranteed").await;
+            f.iter().all(|f| f.0 == 6).then_some(f)
+        },
+    );
+    let (done, during) = tokio::join!(running, watch);
+    assert!(done
+        .iter()
+        .all(|r| r.as_ref().is_ok_and(|r| r.status() == 200)));
+    eprintln!("while six ran: (in flight, idle credits, own idle credits) per replica {during:?}");
+
+    // After the load: nothing in flight, the credits still held and shown as credits, and the
+    // same on every replica (each one's idle credits add up to the cluster's).
+    let after = wait_for(Duration::from_secs(10), "nothing in flight", || async {
+        let f = credit_figures(&rs, "Guaranteed").await;
+        let own: u64 = f.iter().map(|f| f.2).sum();
+        f.iter().all(|f| f.0 == 0 && f.1 == own).then_some(f)
+    })
+    .await;
+    eprintln!("after the load: {after:?}");
+    let idle = after[0].1;
+    assert!(idle >= 32, "two blocks of 16 at least: {after:?}");
+    assert_eq!(
+        ns.zcard("Guaranteed", "slots"),
+        Some(idle),
+        "Redis holds exactly the idle credits as leases"
+    );
+    for s in &rs {
+        let m = s.metrics().await;
+        for line in [
+            r#"sluice_inflight_requests{tier="Guaranteed"} 0"#.to_string(),
+            format!(r#"sluice_idle_credits{{tier="Guaranteed"}} {idle}"#),
+        ] {
+            assert!(m.contains(&line), "/metrics lacks `{line}`");
+        }
     }
 }

@@ -233,6 +233,7 @@ async fn both_sources_exported_metrics_and_the_grafana_dashboard() {
         "sluice_queue_wait_seconds_bucket",
         "sluice_decisions_total",
         "sluice_inflight_requests",
+        "sluice_idle_credits",
         "sluice_queued_requests",
         "sluice_tier_capacity",
         "sluice_signal_value",

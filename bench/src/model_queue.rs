@@ -89,12 +89,8 @@ impl<T> TierQueue<T> {
             pushed = self.items.remove(i);
         }
         if self.queued_of(&w.tenant) == 0 {
-            let floor = self
-                .items
-                .iter()
-                .map(|x| self.counter(&x.tenant))
-                .reduce(f64::min);
             if let Some(f) = self.fair.as_mut() {
+                let floor = f.floor(self.items.iter().map(|x| x.tenant.as_str()));
                 f.enter(&w.tenant, floor, now as u64);
             }
         }
@@ -167,9 +163,10 @@ mod tests {
             _ => panic!("heavy still waits two more than light"),
         }
         assert_eq!(q.len(), 4, "the bound holds");
-        // Light is lifted to heavy's counter on joining: ties go to the oldest head.
+        // Light is lifted to heavy's counter before its latest admission (0): one of heavy's
+        // requests' worth ahead, then they alternate, ties going to the oldest head.
         let order: Vec<usize> = std::iter::from_fn(|| q.pop_next(2.0).map(|x| x.item)).collect();
-        assert_eq!(order, [0, 10, 1, 11]);
+        assert_eq!(order, [10, 0, 11, 1]);
     }
 
     #[test]

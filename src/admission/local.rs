@@ -64,12 +64,8 @@ impl TierSlots {
 
     fn enqueue(&mut self, tenant: &str, waiter: Waiter) {
         if !self.waiting.contains_key(tenant) {
-            let floor = self
-                .waiting
-                .keys()
-                .map(|t| self.counter(t))
-                .reduce(f64::min);
             if let Some(f) = self.fair.as_mut() {
+                let floor = f.floor(self.waiting.keys().map(String::as_str));
                 f.enter(tenant, floor, now_ms());
             }
         }
@@ -186,7 +182,9 @@ impl Inner {
                 // charge and try the next.
                 Err(slot) => {
                     slot.disarm();
-                    self.lock(tier).charge(&tenant, -waiter.charge);
+                    if let Some(f) = self.lock(tier).fair.as_mut() {
+                        f.refund(&tenant, waiter.charge);
+                    }
                 }
             }
         }
@@ -298,6 +296,7 @@ impl AdmissionControl for LocalAdmission {
         let t = self.inner.lock(tier);
         TierAdmission {
             inflight: t.inflight,
+            idle_credits: 0,
             queued: t.queued as u64,
             capacity: t.capacity,
         }
@@ -410,6 +409,7 @@ mod tests {
             a.status(Tier::Standard),
             TierAdmission {
                 inflight: 0,
+                idle_credits: 0,
                 queued: 0,
                 capacity: 1
             }

@@ -121,7 +121,11 @@ pub struct TenantShare {
 /// Per-tier counters for `/status` and `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TierAdmission {
+    /// Requests holding a slot.
     pub inflight: u64,
+    /// Slots leased as capacity credits that no request uses yet (Redis coordinator): they
+    /// count against the capacity but are not requests.
+    pub idle_credits: u64,
     pub queued: u64,
     pub capacity: u32,
 }

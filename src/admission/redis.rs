@@ -159,6 +159,9 @@ struct TierKeys {
     wt: String,
     wc: String,
     pushed: String,
+    vtc_last: String,
+    before: String,
+    credits: String,
 }
 
 impl TierKeys {
@@ -175,6 +178,9 @@ impl TierKeys {
             wt: k("wt"),
             wc: k("wc"),
             pushed: k("pushed"),
+            vtc_last: k("vtc_last"),
+            before: k("before"),
+            credits: k("credits"),
             base,
         }
     }
@@ -190,7 +196,10 @@ impl TierKeys {
             .key(&self.vtc_at)
             .key(&self.wt)
             .key(&self.wc)
-            .key(&self.pushed);
+            .key(&self.pushed)
+            .key(&self.vtc_last)
+            .key(&self.before)
+            .key(&self.credits);
     }
 
     /// A per-tier script's keys and its first argument, the key base.
@@ -220,7 +229,10 @@ struct Inner {
     /// This replica's live leases, renewed by the background task.
     held: [Mutex<HashSet<String>>; 3],
     capacity: [AtomicU32; 3],
-    inflight: [AtomicU64; 3],
+    /// Cluster-wide, as of the last refresh: leases held (requests and idle credits), which is
+    /// what counts against the bound; idle credits of every replica; waiters.
+    slots: [AtomicU64; 3],
+    idle_credits: [AtomicU64; 3],
     queued: [AtomicU64; 3],
     waiting: [Mutex<Vec<TenantShare>>; 3],
     fair: FairShareSettings,
@@ -276,7 +288,8 @@ impl RedisAdmission {
                 next_id: AtomicU64::new(0),
                 held: Default::default(),
                 capacity: s.capacities.map(AtomicU32::new),
-                inflight: Default::default(),
+                slots: Default::default(),
+                idle_credits: Default::default(),
                 queued: Default::default(),
                 waiting: Default::default(),
                 fair: s.fair_share,
@@ -491,10 +504,20 @@ impl Inner {
         for k in &self.keys {
             inv.arg(&k.base);
         }
-        inv.arg(LISTED_TENANTS);
+        // This replica's idle credits, so every replica can tell requests in flight from slots
+        // leased ahead of them; the report holds as long as the leases would.
+        inv.arg(LISTED_TENANTS)
+            .arg(&self.replica)
+            .arg(self.lease_ms);
+        for c in &self.credits {
+            inv.arg(lock(c).idle.len());
+        }
         let figures: Vec<TierFigures> = self.call(&inv).await?;
-        for (i, (inflight, queued, reclaimed, waiting)) in figures.into_iter().take(3).enumerate() {
-            self.inflight[i].store(inflight, Ordering::Relaxed);
+        for (i, (slots, queued, reclaimed, waiting, idle)) in
+            figures.into_iter().take(3).enumerate()
+        {
+            self.slots[i].store(slots, Ordering::Relaxed);
+            self.idle_credits[i].store(idle, Ordering::Relaxed);
             self.queued[i].store(queued, Ordering::Relaxed);
             self.count_reclaimed(reclaimed);
             *lock(&self.waiting[i]) = tenant_shares(&waiting);
@@ -613,7 +636,7 @@ impl Inner {
             || self.credits_retired.load(Ordering::Acquire)
             || credits::contended(
                 capacity,
-                self.inflight[i].load(Ordering::Relaxed),
+                self.slots[i].load(Ordering::Relaxed),
                 self.queued[i].load(Ordering::Relaxed),
             );
         let (idle, grant) = {
@@ -709,9 +732,9 @@ impl Inner {
     }
 }
 
-/// One tier in the status script's answer: in flight, queued, leases reclaimed, and the waiting
-/// tenants as flat (tenant, counter, queued) triples.
-type TierFigures = (u64, u64, u64, Vec<redis::Value>);
+/// One tier in the status script's answer: slots held, queued, leases reclaimed, the waiting
+/// tenants as flat (tenant, counter, queued) triples, and every replica's idle credits.
+type TierFigures = (u64, u64, u64, Vec<redis::Value>, u64);
 
 fn tenant_shares(flat: &[redis::Value]) -> Vec<TenantShare> {
     flat.chunks(3)
@@ -951,8 +974,13 @@ impl AdmissionControl for RedisAdmission {
     /// reachable; the last known ones otherwise). `capacity` is this replica's configured one.
     fn status(&self, tier: Tier) -> TierAdmission {
         let i = tier.index();
+        let slots = self.inner.slots[i].load(Ordering::Relaxed);
+        let idle = self.inner.idle_credits[i].load(Ordering::Relaxed);
         TierAdmission {
-            inflight: self.inner.inflight[i].load(Ordering::Relaxed),
+            // A credit taken or given back since a replica's last report can make the two
+            // figures disagree by a few for one refresh; never below zero.
+            inflight: slots.saturating_sub(idle),
+            idle_credits: idle.min(slots),
             queued: self.inner.queued[i].load(Ordering::Relaxed),
             capacity: self.inner.capacity[i].load(Ordering::Relaxed),
         }
@@ -1081,6 +1109,29 @@ mod tests {
             inv.arg(waiter).arg(cap).arg(member).arg(5000).arg("1");
             let (r, _): (i64, u64) = inv.invoke_async(&mut self.conn).await.unwrap();
             r
+        }
+
+        /// The status script as `replica` runs it, reporting `idle` credits per tier for
+        /// `holds_ms`.
+        async fn status(
+            &mut self,
+            replica: &str,
+            holds_ms: u64,
+            idle: [u64; 3],
+        ) -> Vec<TierFigures> {
+            let mut inv = SCRIPTS.status.prepare_invoke();
+            let keys = Tier::ALL.map(|t| self.keys(t));
+            for k in &keys {
+                k.add_keys(&mut inv);
+            }
+            for k in &keys {
+                inv.arg(&k.base);
+            }
+            inv.arg(LISTED_TENANTS).arg(replica).arg(holds_ms);
+            for n in idle {
+                inv.arg(n);
+            }
+            inv.invoke_async(&mut self.conn).await.unwrap()
         }
 
         async fn zcard(&mut self, key: &str) -> u64 {
@@ -1225,22 +1276,38 @@ mod tests {
         ns.enqueue(&s, "w1", 5, 5000).await;
         ns.enqueue(&s, "w2", 5, 50).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let mut inv = SCRIPTS.status.prepare_invoke();
-        let keys = Tier::ALL.map(|t| ns.keys(t));
-        for k in &keys {
-            k.add_keys(&mut inv);
-        }
-        for k in &keys {
-            inv.arg(&k.base);
-        }
-        inv.arg(LISTED_TENANTS);
-        let out: Vec<TierFigures> = inv.invoke_async(&mut ns.conn).await.unwrap();
+        let out = ns.status("r1", 5000, [0, 0, 0]).await;
         let figures: Vec<(u64, u64, u64)> = out.iter().map(|f| (f.0, f.1, f.2)).collect();
         assert_eq!(figures, vec![(1, 0, 1), (1, 1, 0), (0, 0, 0)]);
         assert_eq!(ns.zcard(&s.deadlines).await, 1);
         let waiting = tenant_shares(&out[1].3);
         assert_eq!(waiting.len(), 1);
         assert_eq!((waiting[0].tenant.as_str(), waiting[0].queued), ("t", 1));
+    }
+
+    /// Each replica's reported idle credits add up per tier; a report lapses when its replica
+    /// stops refreshing (as its leases do), and a replica with none left removes its own.
+    #[tokio::test]
+    async fn status_adds_up_every_replicas_idle_credits() {
+        let mut ns = Ns::new().await;
+        let idle = |out: &[TierFigures]| out.iter().map(|f| f.4).collect::<Vec<_>>();
+        assert_eq!(idle(&ns.status("r1", 5000, [16, 2, 0]).await), [16, 2, 0]);
+        assert_eq!(idle(&ns.status("r2", 80, [16, 0, 0]).await), [32, 2, 0]);
+        assert_eq!(idle(&ns.status("r1", 5000, [16, 0, 0]).await), [32, 0, 0]);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(
+            idle(&ns.status("r1", 5000, [16, 0, 0]).await),
+            [16, 0, 0],
+            "r2 lapsed"
+        );
+        assert_eq!(idle(&ns.status("r1", 5000, [0, 0, 0]).await), [0, 0, 0]);
+        let credits = ns.keys(Tier::Guaranteed).credits;
+        let left: u64 = redis::cmd("HLEN")
+            .arg(credits)
+            .query_async(&mut ns.conn)
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "no report is kept once nothing is idle");
     }
 
     #[tokio::test]
@@ -1303,6 +1370,44 @@ mod tests {
         );
     }
 
+    /// The scripts' side of fair.rs's `a_tenant_back_from_a_momentary_empty_queue_keeps_its_turn`:
+    /// a tenant whose queue emptied for a moment is not lifted level with a tenant charged in
+    /// advance for a request that may still run, so it is served next, not after it.
+    #[tokio::test]
+    async fn a_tenant_back_from_a_momentary_empty_queue_keeps_its_turn() {
+        let mut ns = Ns::new().await;
+        let k = ns.keys(Tier::Standard);
+        for (member, tenant, charge) in [
+            ("g0", "gold", 800.0),
+            ("h0", "heavy", 920.0),
+            ("h1", "heavy", 920.0),
+            ("g1", "gold", 240.0),
+        ] {
+            assert_eq!(ns.admit_for(&k, 4, member, 5000, tenant, charge).await.0, 1);
+        }
+        assert_eq!(ns.enqueue_for(&k, "hw", 10, 5000, "heavy", 920.0).await, 1);
+        assert_eq!(ns.enqueue_for(&k, "gw", 10, 5000, "gold", 240.0).await, 1);
+        let score = |set: String, t: &'static str| {
+            let mut c = ns.conn.clone();
+            async move {
+                let v: Option<f64> = redis::cmd("ZSCORE")
+                    .arg(set)
+                    .arg(t)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                v.unwrap()
+            }
+        };
+        assert_eq!(score(k.backlog.clone(), "gold").await, 1040.0, "not lifted");
+        assert_eq!(score(k.before.clone(), "heavy").await, 920.0);
+        assert_eq!(ns.claim(&k, "hw", 5, "m1").await, 0, "gold's turn first");
+        assert_eq!(ns.claim(&k, "gw", 5, "m1").await, 1);
+        assert_eq!(ns.claim(&k, "hw", 6, "m2").await, 1);
+        assert_eq!(ns.zcard(&k.backlog).await, 0);
+        assert_eq!(ns.zcard(&k.before).await, 0, "nobody waits any more");
+    }
+
     /// The claim script serves the waiting tenant with the least service, FIFO within each:
     /// a light tenant that queues behind a heavy tenant's burst is not served last.
     #[tokio::test]
@@ -1339,9 +1444,10 @@ mod tests {
             assert_eq!(claimed.len(), 1, "exactly one claim per freed slot");
             order.extend(claimed);
         }
-        // heavy was charged for the slot it held, light was lifted to its counter on joining:
-        // tie, and heavy's head is older; then they alternate until light runs out.
-        assert_eq!(order, ["h0", "l0", "h1", "l1", "h2", "h3"]);
+        // heavy was charged in advance for the slot it held, light was lifted only to heavy's
+        // counter before that charge: light first, then a tie that heavy's older head wins;
+        // then they alternate until light runs out.
+        assert_eq!(order, ["l0", "h0", "l1", "h1", "h2", "h3"]);
         assert_eq!(ns.zcard(&k.backlog).await, 0, "nobody waits any more");
     }
 

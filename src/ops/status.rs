@@ -44,13 +44,12 @@ pub fn status(app: &App) -> Value {
             let s = state.tier(t);
             let a = app.admission.status(t);
             let r = rules.tier(t);
-            json!({
+            let mut tier = json!({
                 "tier": t.as_str(),
                 "state": s.state.as_str(),
-                "driver": s.driver.as_str(),
-                "fail_open": s.fail_open,
                 "capacity": r.inflight_capacity,
                 "inflight": a.inflight,
+                "idle_credits": a.idle_credits,
                 "queued": a.queued,
                 // Least served first: the head of this list is served next.
                 "waiting_tenants": app.admission.waiting_tenants(t, 20),
@@ -58,8 +57,23 @@ pub fn status(app: &App) -> Value {
                 "max_tokens_cap": r.max_tokens_cap,
                 "brownout_max_tokens": r.brownout_max_tokens,
                 "pool": r.preferred_pool.as_str(),
-                "thresholds": thresholds(&r.thresholds),
-            })
+            });
+            let extra = match rules.mode {
+                PolicyMode::Thresholds => json!({
+                    "driver": s.driver.as_str(),
+                    "fail_open": s.fail_open,
+                    "thresholds": thresholds(&r.thresholds),
+                }),
+                // The state is the admission level's (what it does to the tier); the thresholds
+                // decide nothing here, and their stability model's driver names no cause.
+                PolicyMode::Adaptive => json!({
+                    "thresholds_mode": {"in_force": false, "thresholds": thresholds(&r.thresholds)},
+                }),
+            };
+            if let (Some(tier), Value::Object(extra)) = (tier.as_object_mut(), extra) {
+                tier.extend(extra);
+            }
+            tier
         })
         .collect();
     let pools: Vec<Value> = app
@@ -305,6 +319,9 @@ pub fn refresh_gauges(app: &App) {
         m.inflight
             .with_label_values(&[t.as_str()])
             .set(a.inflight as i64);
+        m.idle_credits
+            .with_label_values(&[t.as_str()])
+            .set(a.idle_credits as i64);
         m.queued
             .with_label_values(&[t.as_str()])
             .set(a.queued as i64);
@@ -357,9 +374,12 @@ pub fn refresh_gauges(app: &App) {
                 ("critical", threshold.critical_at),
             ] {
                 let labels = [t.as_str(), signal.as_str(), level];
+                // Adaptive mode decides without them: not shown as if in force.
+                let at = at.filter(|_| rules.mode == PolicyMode::Thresholds);
                 match at {
                     Some(v) => m.tier_threshold.with_label_values(&labels).set(v),
-                    // Hot reload can disable a step: drop its series rather than leave it stale.
+                    // Hot reload can disable a step or change the mode: drop its series rather
+                    // than leave it stale.
                     None => {
                         let _ = m.tier_threshold.remove_label_values(&labels);
                     }

@@ -606,7 +606,7 @@ impl RedisNs {
     /// queue or waiter record is left behind.
     pub fn idle(&self) -> bool {
         let sets_empty = ["Guaranteed", "Standard", "Best-Effort"].iter().all(|t| {
-            ["slots", "queue", "deadlines", "backlog"]
+            ["slots", "queue", "deadlines", "backlog", "before"]
                 .iter()
                 .all(|k| self.zcard(t, k) == Some(0))
         });
