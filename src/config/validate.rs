@@ -343,6 +343,13 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
             return err(&key("rail_queue_depth_at"), format!("{q} must be >= 0"));
         }
     }
+    let k = a.queue_lookahead_samples;
+    if !(k.is_finite() && (0.0..=20.0).contains(&k)) {
+        return err(
+            &key("queue_lookahead_samples"),
+            format!("{k} is outside 0..=20 samples"),
+        );
+    }
     if a.baseline_half_life_ms == 0 {
         return err(&key("baseline_half_life_ms"), "must be > 0".into());
     }

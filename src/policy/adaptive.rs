@@ -79,6 +79,8 @@ pub struct AdaptiveTuning {
     pub idle_release_ms: Millis,
     /// How slowly a tier's learned unloaded latency may rise (see [`Baseline`]).
     pub baseline_half_life_ms: Millis,
+    /// Samples ahead that Guaranteed's reading projects vLLM's queue delay by its growth.
+    pub queue_lookahead_samples: f64,
 }
 
 impl Default for AdaptiveTuning {
@@ -105,6 +107,7 @@ impl Default for AdaptiveTuning {
             idle_pressure_below: Some(50.0),
             idle_release_ms: 1500,
             baseline_half_life_ms: 30_000,
+            queue_lookahead_samples: 2.0,
         }
     }
 }
@@ -388,6 +391,8 @@ pub struct PoolController {
     /// latency quantile ([`Baseline`]).
     baseline: [Baseline; 3],
     last_sample: Option<Millis>,
+    /// vLLM's queue delay at the previous sample, for its growth.
+    last_delay: Option<f64>,
 }
 
 /// A tier's unloaded latency on one pool, learned the way TCP Vegas learns its base RTT: the
@@ -455,6 +460,7 @@ impl PoolController {
             idle_since: None,
             baseline: Default::default(),
             last_sample: None,
+            last_delay: None,
         }
     }
 
@@ -513,6 +519,16 @@ impl PoolController {
             .or(signals.ttft_ms)
             .filter(|v| v.is_finite())
             .map(|d| if queue_empty { 0.0 } else { d });
+        // Guaranteed waits in vLLM's strict FCFS queue behind everything admitted before it,
+        // and a level raised now relieves that queue only a sample or two later: so its reading
+        // meets the delay a request arriving then will meet, the current one plus its growth
+        // over the last sample for each sample of lookahead. Only Guaranteed's: the lower
+        // tiers reading ahead too shed each other for no gain (bench/RESULTS.md).
+        let growth = delay_ms
+            .zip(self.last_delay)
+            .map_or(0.0, |(d, before)| (d - before).max(0.0));
+        self.last_delay = delay_ms;
+        let g_delay_ms = delay_ms.map(|d| d + tuning.queue_lookahead_samples * growth);
         // Once vLLM queues nothing, the requests admitted since the rise speak for themselves:
         // the window's older answers describe a contention that is gone; and the requests
         // admitted since the queue emptied describe the level in force best of all.
@@ -589,7 +605,13 @@ impl PoolController {
             // The queue delay only concerns a tier that sends traffic to this pool. Latencies
             // that are arriving now were mostly queued before the current delay built up, so a
             // new request is expected to see both: the observed quantile plus today's wait.
-            let delay = delay_ms.filter(|_| !q.is_empty()).map(|d| d / target);
+            let delay = if tier == Tier::Guaranteed {
+                g_delay_ms
+            } else {
+                delay_ms
+            }
+            .filter(|_| !q.is_empty())
+            .map(|d| d / target);
             // Without latencies of its own a tier's reading can only say "short" (vLLM makes
             // everyone wait), never "plenty": an empty queue says nothing of service times.
             let room = |observed: Option<f64>| match (observed, delay) {
@@ -687,10 +709,11 @@ impl PoolController {
                 moved = Movement::Idle;
             }
         } else {
+            // The floor answers the cache, not a latency: the requests admitted before it
+            // still say how the tiers fare, so the evidence is not restarted.
             if full && self.level < floor {
                 self.level = floor;
                 self.last_rise = Some(now);
-                self.last_change = now;
                 moved = Movement::Shape;
             }
             // Escalate into the first step (at or above the level) whose tier has traffic here.
@@ -1469,7 +1492,11 @@ mod tests {
     #[test]
     fn headroom_is_measured_against_what_queueing_adds_to_the_unloaded_latency() {
         let rules = PolicyRules::default();
-        let t = AdaptiveTuning::default();
+        // The queue's growth is looked at in its own test below.
+        let t = AdaptiveTuning {
+            queue_lookahead_samples: 0.0,
+            ..AdaptiveTuning::default()
+        };
         let mut c = PoolController::new();
         let sig = |delay: f64, waiting: f64| PoolSignals {
             pressure: Some(40.0),
@@ -1492,6 +1519,41 @@ mod tests {
         let ctl = c.observe(Pool::OnDemand, &rules, &t, &sig(425.0, 3.0), &o, at);
         let h = ctl.headroom[0].unwrap();
         assert!((h - 0.5).abs() < 1e-9, "{h}");
+    }
+
+    /// A queue whose delay grows is read ahead for Guaranteed, which waits behind everything
+    /// in vLLM's FCFS queue: a delay grown from 200 to 400 ms in a sample reads as 800 ms two
+    /// samples on, so the level rises a sample earlier than on 400 ms alone.
+    #[test]
+    fn guaranteed_reads_a_growing_queue_ahead() {
+        let rules = PolicyRules::default();
+        let run = |lookahead: f64| {
+            let t = AdaptiveTuning {
+                queue_lookahead_samples: lookahead,
+                ..AdaptiveTuning::default()
+            };
+            let mut c = PoolController::new();
+            let sig = |delay: f64| PoolSignals {
+                pressure: Some(60.0),
+                queue_depth: Some(if delay > 0.0 { 4.0 } else { 0.0 }),
+                queue_time_ms: Some(delay),
+                ..Default::default()
+            };
+            let mut at = 0;
+            for _ in 0..10 {
+                at += 500;
+                let o = batch(at, Tier::Guaranteed, 1150.0, 8);
+                c.observe(Pool::OnDemand, &rules, &t, &sig(0.0), &o, at);
+            }
+            for delay in [200.0, 400.0] {
+                at += 500;
+                let o = batch(at, Tier::Guaranteed, 1150.0, 8);
+                c.observe(Pool::OnDemand, &rules, &t, &sig(delay), &o, at);
+            }
+            c.level()
+        };
+        assert_eq!(run(0.0), 0.0, "400 ms of a 850 ms budget is no shortfall");
+        assert!(run(2.0) > 0.0, "800 ms ahead is");
     }
 
     #[test]

@@ -419,6 +419,7 @@ pub fn fingerprint(rules: &PolicyRules, tier: Tier) -> RulesFingerprint {
         .opt(a.idle_pressure_below)
         .word(a.idle_release_ms)
         .word(a.baseline_half_life_ms)
+        .f(a.queue_lookahead_samples)
         .word(u64::from(rules.spot_is_on_demand));
     match rules.fallback_capacity {
         crate::policy::tenant_policy::FallbackCapacity::None => h.word(0),
