@@ -27,6 +27,8 @@ command -v curl >/dev/null || need+=(curl)
 command -v openssl >/dev/null || need+=(openssl)
 # ss: the upstream wire test reads the backend's segment counts from the kernel.
 command -v ss >/dev/null || need+=(iproute2)
+# patch: scripts/vendor-check.sh applies each vendored crate's sluice.patch (tests/vendor_provenance.rs).
+command -v patch >/dev/null || need+=(patch)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   $SUDO apt-get update -qq
