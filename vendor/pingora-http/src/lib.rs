@@ -163,6 +163,7 @@ impl RequestHeader {
     pub fn drop_header_case(&mut self) {
         self.header_name_map = None;
     }
+
     fn new_no_case(size_hint: Option<usize>) -> Self {
         let mut base = ReqBuilder::new().body(()).unwrap().into_parts().0;
         base.headers.reserve(http_header_map_upper_bound(size_hint));
@@ -917,11 +918,11 @@ fn append_header_value<T>(
     )
 }
 
-#[inline]
 // Sluice patch (see SLUICE-PATCH.md): headers named by a static lowercase name.
 
 /// `insert_header_value` for a name known valid and lowercase at compile time: the name is
 /// neither parsed nor copied, and its clone into the case map is free.
+#[inline]
 fn insert_static_header_value<T>(
     name_map: Option<&mut CaseMap>,
     value_map: &mut HMap<T>,
@@ -935,6 +936,7 @@ fn insert_static_header_value<T>(
     value_map.insert(header_name, value);
 }
 
+#[inline]
 fn insert_header_value<T>(
     name_map: Option<&mut CaseMap>,
     value_map: &mut HMap<T>,

@@ -1022,12 +1022,6 @@ impl HttpSession {
         self.pipelining_enabled = enabled;
     }
 
-    /// Set pipelined bytes to be parsed as the start of this session's request.
-    ///
-    /// Called by the proxy layer when continuing a keep-alive connection whose
-    /// previous session yielded overread bytes. The prefix is consumed on the
-    /// first [`Self::read_request`] call; the parser treats the prefix + any
-    /// further stream reads as the next request's header + body bytes.
     /// Whether the request's header names keep their case: off for a proxy that forwards them
     /// in canonical case anyway, which then neither fills nor drops a second map per request.
     /// Default on, as published. (Sluice patch)
@@ -1035,6 +1029,12 @@ impl HttpSession {
         self.preserve_header_case = preserve;
     }
 
+    /// Set pipelined bytes to be parsed as the start of this session's request.
+    ///
+    /// Called by the proxy layer when continuing a keep-alive connection whose
+    /// previous session yielded overread bytes. The prefix is consumed on the
+    /// first [`Self::read_request`] call; the parser treats the prefix + any
+    /// further stream reads as the next request's header + body bytes.
     pub fn set_pipelined_prefix(&mut self, prefix: BytesMut) {
         debug_assert!(
             self.pipelined_prefix.is_none(),
