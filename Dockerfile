@@ -7,6 +7,8 @@ RUN apt-get update \
 WORKDIR /src
 COPY Cargo.toml Cargo.lock rust-toolchain.toml ./
 COPY src ./src
+COPY crates ./crates
+COPY bench ./bench
 COPY vendor ./vendor
 COPY conf ./conf
 RUN cargo build --release --locked --bin sluice
@@ -18,6 +20,9 @@ RUN groupadd --system --gid 10001 sluice \
 COPY --from=build /src/target/release/sluice /usr/local/bin/sluice
 COPY conf/ /etc/sluice/
 USER 10001:10001
-EXPOSE 8080 8443
+# 8080/8443 tenant-facing; 8081 operations (probes, metrics, status; off loopback all but the
+# probes need SLUICE_ADMIN_TOKEN).
+EXPOSE 8080 8443 8081
+ENV SLUICE_OPS_LISTEN=0.0.0.0:8081
 ENTRYPOINT ["/usr/local/bin/sluice"]
 CMD ["serve", "--config", "/etc/sluice/sluice.yaml", "--listen", "0.0.0.0:8080"]

@@ -68,7 +68,11 @@ psql -h 127.0.0.1 -U postgres -lqt 2>/dev/null | cut -d'|' -f1 | grep -qw test \
 
 log "cargo fmt --check"
 cargo fmt --all -- --check
+log "module circles"
+python3 scripts/check-module-cycles.py
+log "vendored Pingora against crates.io"
+scripts/vendor-check.sh
 log "cargo clippy"
-cargo clippy --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo test"
-cargo test --locked --all-targets -- --test-threads="${SLUICE_TEST_THREADS:-4}"
+cargo test --workspace --locked --all-targets -- --test-threads="${SLUICE_TEST_THREADS:-4}"

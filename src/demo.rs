@@ -2,10 +2,10 @@
 //! Redis, PostgreSQL or Prometheus. The simulators take free ports so the demo never collides
 //! with a real deployment on 8001/8002.
 
-use crate::config::{env, Config};
 use crate::server::{self, ServerFlags};
-use crate::sim::SimArgs;
 use clap::Parser;
+use sluice_config::{env, Config};
+use sluice_sim::SimArgs;
 
 pub const ON_DEMAND_MODELS: &str = "llama-3-70b";
 pub const SPOT_MODELS: &str = "llama-3-70b,llama-3-8b";
@@ -15,6 +15,9 @@ pub struct DemoArgs {
     /// Proxy listen address
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: String,
+    /// Operations listen address (status, metrics, dashboard, admin)
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub ops_listen: String,
 }
 
 fn sim_args(models: &str) -> SimArgs {
@@ -38,7 +41,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
             let addr = listener.local_addr()?;
             let args = sim_args(models);
             tokio::spawn(async move {
-                if let Err(e) = crate::sim::serve(args, listener).await {
+                if let Err(e) = sluice_sim::serve(args, listener).await {
                     log::error!("simulator stopped: {e}");
                 }
             });
@@ -51,6 +54,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
 
     let mut cfg = Config::embedded(&env::process_env).map_err(|e| e.to_string())?;
     cfg.listen = vec![args.listen.clone()];
+    cfg.ops_listen = vec![args.ops_listen.clone()];
     cfg.pools.on_demand.backends = vec![on_demand.to_string()];
     cfg.pools.spot.backends = vec![spot.to_string()];
     for f in &mut cfg.fallbacks {
@@ -63,10 +67,11 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         format!("/tmp/sluice_demo_{}.sock", std::process::id()).into(),
     );
 
-    let adaptive = cfg.policy_rules().mode == crate::policy::PolicyMode::Adaptive;
-    let (server, _app) = server::build(cfg, ServerFlags::default(), None)?;
+    let adaptive = cfg.policy_rules().mode == sluice_policy::PolicyMode::Adaptive;
+    let (server, _drained) = server::build(cfg, ServerFlags::default(), None)?;
     print_walkthrough(
         &args.listen,
+        &args.ops_listen,
         &on_demand.to_string(),
         &spot.to_string(),
         adaptive,
@@ -75,12 +80,14 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     server.run_forever()
 }
 
-fn print_walkthrough(listen: &str, on_demand: &str, spot: &str, adaptive: bool) {
+fn print_walkthrough(listen: &str, ops_listen: &str, on_demand: &str, spot: &str, adaptive: bool) {
     let url = format!("http://{listen}");
+    let ops = format!("http://{ops_listen}");
     println!(
         r#"
 Sluice demo ({mode} policy)
   proxy      {url}
+  operations {ops}/status, {ops}/dashboard, {ops}/metrics
   on-demand  http://{on_demand}  (vLLM simulator, models: {ON_DEMAND_MODELS})
   spot       http://{spot}  (vLLM simulator, models: {SPOT_MODELS}; also the fallback backend)
 "#,
@@ -93,13 +100,13 @@ Sluice demo ({mode} policy)
        {url}/v1/chat/completions -H "X-Tenant-ID: $1" -H 'content-type: application/json' \
        -d '{{"model":"llama-3-70b","messages":[{{"role":"user","content":"hello"}}],"max_tokens":400}}'; }}
   chat batch-analytics                                        # 200 pass, spot
-  curl -s -X PUT {url}/admin/pressure -d '{{"value":75}}'       # on-demand KV 75 %: nobody is shed for it
+  curl -s -X PUT {ops}/admin/pressure -d '{{"value":75}}'       # on-demand KV 75 %: nobody is shed for it
   chat batch-analytics; chat coding-assistant                 # still 200 admitted_slo_headroom
   curl -s -X PUT http://{on_demand}/admin/latency -d '{{"extra_ms":1800}}'   # on-demand turns slow
   for i in 1 2 3 4 5 6; do chat support-bot & done; wait      # Guaranteed runs out of headroom
   sleep 1; chat coding-assistant                              # after the next sample: degrade_slo_headroom (or degrade_brownout, fallback_slo_headroom)
-  curl -s {url}/status | grep -o '"admission_control".*' | head -c 600
-  curl -s -X PUT http://{on_demand}/admin/latency -d '{{"extra_ms":0}}'; curl -s -X DELETE {url}/admin/pressure
+  curl -s {ops}/status | grep -o '"admission_control".*' | head -c 600
+  curl -s -X PUT http://{on_demand}/admin/latency -d '{{"extra_ms":0}}'; curl -s -X DELETE {ops}/admin/pressure
   (SLUICE_POLICY_MODE=thresholds runs the prototype's threshold walk-through instead.)
 "#
         );
@@ -109,12 +116,12 @@ Sluice demo ({mode} policy)
         r#"Try:
   curl -s {url}/v1/chat/completions -H 'X-Tenant-ID: batch-analytics' -H 'content-type: application/json' \
        -d '{{"model":"llama-3-70b","messages":[{{"role":"user","content":"hello"}}],"max_tokens":400}}' -i
-  curl -s -X PUT {url}/admin/pressure -d '{{"value":65}}'     # Best-Effort now gets 429 (after 2 samples)
-  curl -s -X PUT {url}/admin/pressure -d '{{"value":75}}'     # coding-assistant degraded to 256 tokens
-  curl -s -X PUT {url}/admin/pressure -d '{{"value":87}}'     # after 3 s: Standard falls back to llama-3-8b
-  curl -s -X DELETE {url}/admin/pressure                      # back to scraped values
-  curl -s {url}/status | head -c 2000
-  curl -s '{url}/decisions/recent?limit=5'
+  curl -s -X PUT {ops}/admin/pressure -d '{{"value":65}}'     # Best-Effort now gets 429 (after 2 samples)
+  curl -s -X PUT {ops}/admin/pressure -d '{{"value":75}}'     # coding-assistant degraded to 256 tokens
+  curl -s -X PUT {ops}/admin/pressure -d '{{"value":87}}'     # after 3 s: Standard falls back to llama-3-8b
+  curl -s -X DELETE {ops}/admin/pressure                      # back to scraped values
+  curl -s {ops}/status | head -c 2000
+  curl -s '{ops}/decisions/recent?limit=5'
 "#
     );
 }

@@ -1,13 +1,19 @@
-//! The `sluice` binary: thin dispatch to the library.
+//! The `sluice` binary: parses the command line and assembles the crates; the only place that
+//! ends the process.
+
+mod demo;
+mod server;
+mod services;
 
 use clap::{Parser, Subcommand};
-use sluice::config::Config;
-use sluice::server::{self, ServerFlags};
+use server::ServerFlags;
+use services::Drained;
+use sluice_config::Config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[global_allocator]
-static GLOBAL: sluice::alloc::Allocator = sluice::alloc::Allocator;
+static GLOBAL: sluice_runtime::alloc::Allocator = sluice_runtime::alloc::Allocator;
 
 #[derive(Parser)]
 #[command(
@@ -45,11 +51,11 @@ enum Command {
         config: PathBuf,
     },
     /// Run the vLLM simulator.
-    Sim(sluice::sim::SimArgs),
+    Sim(sluice_sim::SimArgs),
     /// Run two simulator pools and the proxy on the embedded default config.
-    Demo(sluice::demo::DemoArgs),
+    Demo(demo::DemoArgs),
     /// Decide recorded traffic again under a candidate config and report what would change.
-    Replay(sluice::replay::ReplayArgs),
+    Replay(sluice_replay::ReplayArgs),
 }
 
 fn main() -> ExitCode {
@@ -73,7 +79,8 @@ fn main() -> ExitCode {
                     daemon,
                     test,
                 };
-                let (server, _app) = server::build(cfg, flags, Some(config))?;
+                let (server, drained) = server::build(cfg, flags, Some(config))?;
+                exit_when(drained);
                 server.run_forever()
             }),
         Command::Check { config } => Config::load(&config)
@@ -93,11 +100,11 @@ fn main() -> ExitCode {
             .build()
             .map_err(|e| e.to_string())
             .and_then(|rt| {
-                rt.block_on(sluice::sim::run(args))
+                rt.block_on(sluice_sim::run(args))
                     .map_err(|e| e.to_string())
             }),
-        Command::Demo(args) => sluice::demo::run(args),
-        Command::Replay(args) => sluice::replay::run(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Replay(args) => sluice_replay::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -106,4 +113,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Ends the process once the drain reports nothing left in flight, instead of sleeping out the
+/// rest of Pingora's fixed grace period (`run_forever` never returns on its own).
+fn exit_when(drained: Drained) {
+    std::thread::spawn(move || {
+        if drained.recv().is_ok() {
+            std::process::exit(0);
+        }
+    });
 }

@@ -1,24 +1,29 @@
-//! Assembles the Pingora server: the proxy service on the configured listeners, one
-//! health-check service per pool, and the signal sampler. `serve` and `demo` both go through
-//! [`build`], so the demo runs exactly what production runs.
+//! Assembles the Pingora server: the proxy on the tenant-facing listeners, the operations
+//! listener, one health-check service per pool, the signal sampler and the process's own
+//! services. `serve` and `demo` both go through [`build`], so the demo runs what production runs.
+//! Every service gets the handles it uses, nothing more.
 
-use crate::backend_tls::BackendTls;
-use crate::config::Config;
-use crate::decisions::DecisionRing;
-use crate::lifecycle::{DrainService, ReloadService};
-use crate::metrics::Metrics;
-use crate::pools::PoolSet;
-use crate::proxy::conn_guard::ConnGuard;
-use crate::proxy::tls::CertStore;
-use crate::proxy::{App, Sluice};
-use crate::signals::scraper::SignalSampler;
-use crate::signals::{Clock, SignalHub};
-use crate::tenancy::TenantDirectory;
+use crate::services::{DrainService, Drained, ReloadService};
 use arc_swap::ArcSwap;
 use pingora::server::configuration::Opt;
 use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
+use sluice_config::tenancy::TenantDirectory;
+use sluice_config::tls::CertStore;
+use sluice_config::Config;
+use sluice_ops::{OpsServer, OpsState};
+use sluice_policy::Clock;
+use sluice_proxy::conn_guard::ConnGuard;
+use sluice_proxy::{ProxyState, Sluice};
+use sluice_runtime::backend_tls::BackendTls;
+use sluice_runtime::lifecycle::Lifecycle;
+use sluice_runtime::metrics::Metrics;
+use sluice_runtime::pools::PoolSet;
+use sluice_runtime::replica::replica_id;
+use sluice_runtime::ring::DecisionRing;
+use sluice_runtime::signals::scraper::SignalSampler;
+use sluice_runtime::signals::SignalHub;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,20 +36,14 @@ pub struct ServerFlags {
     pub test: bool,
 }
 
-/// A name for this replica in records: the pod name under Kubernetes, else host and pid.
-pub fn replica_id() -> String {
-    std::env::var("SLUICE_REPLICA_ID")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "sluice".into())
-        + &format!("-{}", std::process::id())
-}
-
-/// Builds the server. `config_path` enables SIGHUP reload of that file.
+/// Builds the server. `config_path` enables SIGHUP reload of that file. The returned receiver
+/// hears once the drain has finished with nothing left in flight (the process may then end
+/// before Pingora's fixed grace period is over).
 pub fn build(
     cfg: Config,
     flags: ServerFlags,
     config_path: Option<PathBuf>,
-) -> Result<(Server, Arc<App>), String> {
+) -> Result<(Server, Drained), String> {
     let conf = cfg.server_conf().map_err(|e| e.to_string())?;
     let grace = Duration::from_secs(conf.grace_period_seconds.unwrap_or(300));
     let opt = Opt {
@@ -65,40 +64,41 @@ pub fn build(
     let backend_tls = BackendTls::load(&cfg)?;
     let (pools, health_services) =
         PoolSet::build(&cfg, &backend_tls).map_err(|e| format!("building pools: {e}"))?;
-    let (admission, admission_services) = crate::admission::build(&cfg)?;
-    let (quotas, quota_services) = crate::quota::build(&cfg)?;
-    let ledger = crate::ledger::build(&cfg, Arc::clone(&hub))?;
+    let (admission, admission_services) = sluice_runtime::admission::build(&cfg)?;
+    let (quotas, quota_services) = sluice_runtime::quota::build(&cfg)?;
+    let ledger = sluice_ledger::build(&cfg, Arc::clone(&hub))?;
     let tls_certs = cfg
         .listen_tls
         .iter()
         .map(|l| CertStore::load(&l.cert, &l.key).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("loading a TLS certificate: {e}"))?;
-    let replica = replica_id();
-    let app = Arc::new(App {
-        tls_certs: tls_certs.clone(),
-        tenants: ArcSwap::from_pointee(TenantDirectory::from_config(&cfg)),
-        hub: Arc::clone(&hub),
-        pools,
-        admission,
-        quotas,
-        metrics: Metrics::new(),
-        decisions: DecisionRing::new(cfg.decisions.ring_size),
-        sinks: ledger.sinks,
-        query: ledger.query,
-        id_prefix: crate::proxy::admit::id_prefix(&replica),
-        replica: Box::leak(replica.into_boxed_str()),
-        started: Instant::now(),
-        active: Arc::default(),
-        draining: tokio::sync::watch::channel(false).0,
-        closing: Default::default(),
-        config: ArcSwap::from_pointee(cfg.clone()),
-    });
+    let replica: &'static str = Box::leak(replica_id().into_boxed_str());
+    let config = Arc::new(ArcSwap::from_pointee(cfg.clone()));
+    let tenants = Arc::new(ArcSwap::from_pointee(TenantDirectory::from_config(&cfg)));
+    let metrics = Arc::new(Metrics::new());
+    let decisions = Arc::new(DecisionRing::new(cfg.decisions.ring_size));
+    let sinks: Arc<[_]> = ledger.sinks.into();
+    let lifecycle = Arc::new(Lifecycle::default());
 
+    let proxy_state = Arc::new(ProxyState {
+        config: Arc::clone(&config),
+        tenants: Arc::clone(&tenants),
+        hub: Arc::clone(&hub),
+        pools: Arc::clone(&pools),
+        admission: Arc::clone(&admission),
+        quotas: Arc::clone(&quotas),
+        metrics: Arc::clone(&metrics),
+        decisions: Arc::clone(&decisions),
+        sinks: Arc::clone(&sinks),
+        lifecycle: Arc::clone(&lifecycle),
+        replica,
+        id_prefix: sluice_proxy::admit::id_prefix(replica),
+    });
     let proxy = pingora::proxy::http_proxy(
         &server.configuration,
         Sluice {
-            app: Arc::clone(&app),
+            app: Arc::clone(&proxy_state),
         },
     );
     let listeners: Vec<String> = cfg
@@ -107,7 +107,7 @@ pub fn build(
         .cloned()
         .chain(cfg.listen_tls.iter().map(|l| l.listen.clone()))
         .collect();
-    let guard = ConnGuard::new(proxy, Arc::clone(&app), &listeners);
+    let guard = ConnGuard::new(proxy, proxy_state, &listeners);
     let mut proxy = Service::new("sluice proxy".to_string(), guard);
     for addr in &cfg.listen {
         proxy.add_tcp(addr);
@@ -116,6 +116,29 @@ pub fn build(
         proxy.add_tls_with_settings(&l.listen, None, certs.settings());
     }
     server.add_service(proxy);
+
+    let ops = OpsServer {
+        state: Arc::new(OpsState {
+            config: Arc::clone(&config),
+            hub: Arc::clone(&hub),
+            pools: Arc::clone(&pools),
+            admission: Arc::clone(&admission),
+            quotas: Arc::clone(&quotas),
+            metrics,
+            decisions,
+            query: ledger.query,
+            sinks: Arc::clone(&sinks),
+            lifecycle: Arc::clone(&lifecycle),
+            replica,
+            started: Instant::now(),
+        }),
+    };
+    let mut ops = Service::new("sluice ops".to_string(), ops);
+    for addr in &cfg.ops_listen {
+        ops.add_tcp(addr);
+    }
+    server.add_service(ops);
+
     for svc in health_services {
         server.add_service(svc);
     }
@@ -125,27 +148,34 @@ pub fn build(
             SignalSampler::new(&cfg, Arc::clone(&hub), &backend_tls),
         ));
     }
-    server.add_services(crate::signals::prometheus::services(&cfg, hub));
+    server.add_services(sluice_runtime::signals::prometheus::services(
+        &cfg,
+        Arc::clone(&hub),
+    ));
     server.add_services(admission_services);
     server.add_services(quota_services);
-    let phases = std::sync::Mutex::new(Some(server.watch_execution_phase()));
-    let drain = DrainService {
-        app: Arc::clone(&app),
+    let (drain, drained) = DrainService::new(
+        Arc::clone(&lifecycle),
+        Arc::clone(&sinks),
         grace,
-        phases,
-    };
+        server.watch_execution_phase(),
+    );
     server.add_service(background_service("drain", drain));
     if let Some(path) = config_path {
         server.add_service(background_service(
             "reload",
             ReloadService {
-                app: Arc::clone(&app),
                 path,
+                config,
+                tenants,
+                hub,
+                quotas,
+                tls_certs,
             },
         ));
     }
     server.add_services(ledger.services);
-    Ok((server, app))
+    Ok((server, drained))
 }
 
 /// One JSON object per line, written by the background log writer, never on the request path.
@@ -155,10 +185,10 @@ pub fn init_logging() {
     use std::io::Write;
     let env = env_logger::Env::default().default_filter_or("info");
     let mut builder = env_logger::Builder::from_env(env);
-    if let Some(w) = crate::log_writer::stderr() {
-        builder.target(env_logger::Target::Pipe(Box::new(crate::log_writer::Pipe(
-            w,
-        ))));
+    if let Some(w) = sluice_runtime::log_writer::stderr() {
+        builder.target(env_logger::Target::Pipe(Box::new(
+            sluice_runtime::log_writer::Pipe(w),
+        )));
     }
     let _ = builder
         .write_style(env_logger::WriteStyle::Never)

@@ -114,7 +114,7 @@ async fn dashboard_renders_pools_backends_tiers_and_decisions() {
         .await;
     assert_eq!(r.status(), 429);
 
-    let url = sluice.url("/dashboard");
+    let url = sluice.ops_url("/dashboard");
     let page = client().get(&url).send().await.unwrap();
     assert_eq!(page.status(), 200);
     assert!(header(&page, "content-type").starts_with("text/html"));
@@ -192,7 +192,7 @@ async fn dashboard_plots_admission_level_and_headroom() {
         st["admission_control"]["pools"]["on-demand"]["tiers"]["Guaranteed"]["headroom"].as_f64()
     })
     .await;
-    let url = sluice.url("/dashboard");
+    let url = sluice.ops_url("/dashboard");
     let dom = tokio::task::spawn_blocking(move || chromium(&url, &["--dump-dom"]))
         .await
         .unwrap();
@@ -237,7 +237,7 @@ async fn dashboard_shows_idle_credits_apart_from_requests_in_flight() {
         (t["inflight"] == 0).then_some(idle)
     })
     .await;
-    let url = sluice.url("/dashboard");
+    let url = sluice.ops_url("/dashboard");
     let dom = tokio::task::spawn_blocking(move || chromium(&url, &["--dump-dom"]))
         .await
         .unwrap();

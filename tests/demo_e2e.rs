@@ -10,21 +10,22 @@ use std::time::Duration;
 
 /// Starts the demo on a free port and waits until it is ready, on another port when its own is
 /// taken ([`wait_started`]).
-async fn start_demo() -> Proc {
+async fn start_demo() -> (Proc, String) {
     let log = std::env::temp_dir().join(format!("sluice-demo-e2e-{}.log", std::process::id()));
     for _ in 0..3 {
         let addr = format!("127.0.0.1:{}", free_port());
+        let ops = format!("127.0.0.1:{}", free_port());
         let child = Command::new(BIN)
-            .args(["demo", "--listen", &addr])
+            .args(["demo", "--listen", &addr, "--ops-listen", &ops])
             .env("SLUICE_POLICY_MODE", "thresholds")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let mut demo = Proc { child, addr };
-        let ready = demo.url("/readyz");
+        let mut demo = Proc::new(child, addr);
+        let ready = format!("http://{ops}/readyz");
         if wait_started(&mut demo, &ready, &log).await {
-            return demo;
+            return (demo, ops);
         }
     }
     panic!("the demo found its port in use three times");
@@ -33,7 +34,7 @@ async fn start_demo() -> Proc {
 #[tokio::test]
 async fn demo_walkthrough() {
     let c = client();
-    let demo = start_demo().await;
+    let (demo, ops) = start_demo().await;
     let chat = |tenant: &'static str| {
         c.post(demo.url("/v1/chat/completions"))
             .header("x-tenant-id", tenant)
@@ -52,7 +53,7 @@ async fn demo_walkthrough() {
     );
 
     let put = |v: f64| {
-        c.put(demo.url("/admin/pressure"))
+        c.put(format!("http://{ops}/admin/pressure"))
             .json(&json!({"value": v}))
             .send()
     };

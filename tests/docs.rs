@@ -1,6 +1,6 @@
 //! The README's reference tables must cover what the code has.
 
-use sluice::policy::Reason;
+use sluice_policy::Reason;
 
 const README: &str = include_str!("../README.md");
 
@@ -17,7 +17,7 @@ fn every_reason_code_is_documented() {
 
 #[test]
 fn every_environment_override_is_documented() {
-    for (var, key, _) in sluice::config::env::OVERRIDES {
+    for (var, key, _) in sluice_config::env::OVERRIDES {
         let row = README
             .lines()
             .find(|l| l.starts_with(&format!("| `{var}` |")));

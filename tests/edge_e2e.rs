@@ -229,11 +229,11 @@ async fn header_limits_answer_in_json() {
     let get = |extra: &str, target: &str| {
         format!("GET {target} HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n{extra}\r\n")
     };
-    // The case: a 200 KB header on /healthz was accepted.
+    // The case: a 200 KB header on /healthz (then Sluice's own; the tenant port now proxies every path, /health reaches the backend) was accepted.
     let big = format!("X-Big: {}\r\n", "a".repeat(200_000));
     let (status, _, body, n) = parse(&exchange(
         &s.addr,
-        get(&big, "/healthz").as_bytes(),
+        get(&big, "/health").as_bytes(),
         Duration::from_secs(10),
     ));
     assert_eq!((status, n), (431, 1), "{body}");
@@ -242,21 +242,21 @@ async fn header_limits_answer_in_json() {
     let fits = format!("X-Big: {}\r\n", "a".repeat(60_000));
     let (status, ..) = parse(&exchange(
         &s.addr,
-        get(&fits, "/healthz").as_bytes(),
+        get(&fits, "/health").as_bytes(),
         Duration::from_secs(10),
     ));
     assert_eq!(status, 200);
     let many: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
     let (status, _, body, _) = parse(&exchange(
         &s.addr,
-        get(&many, "/healthz").as_bytes(),
+        get(&many, "/health").as_bytes(),
         Duration::from_secs(10),
     ));
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (431, Some("too_many_headers"))
     );
-    let long_target = format!("/healthz?{}", "q".repeat(9000));
+    let long_target = format!("/health?{}", "q".repeat(9000));
     let (status, _, body, _) = parse(&exchange(
         &s.addr,
         get("", &long_target).as_bytes(),
@@ -277,14 +277,14 @@ async fn header_limits_answer_in_json() {
     let h = format!("X-Big: {}\r\n", "a".repeat(5000));
     let (status, ..) = parse(&exchange(
         &tight.addr,
-        get(&h, "/healthz").as_bytes(),
+        get(&h, "/health").as_bytes(),
         Duration::from_secs(10),
     ));
     assert_eq!(status, 431);
     let many: String = (0..9).map(|i| format!("X-H{i}: v\r\n")).collect();
     let (status, ..) = parse(&exchange(
         &tight.addr,
-        get(&many, "/healthz").as_bytes(),
+        get(&many, "/health").as_bytes(),
         Duration::from_secs(10),
     ));
     assert_eq!(status, 431, "Host + Connection + 9 = 11 fields > 10");
@@ -337,7 +337,7 @@ async fn slow_and_idle_clients_are_disconnected() {
         let mut half: Vec<TcpStream> = (0..100)
             .map(|_| {
                 let mut c = TcpStream::connect(&addr).unwrap();
-                c.write_all(b"GET /healthz HTTP/1.1\r\nHost: slo").unwrap();
+                c.write_all(b"GET /health HTTP/1.1\r\nHost: slo").unwrap();
                 c
             })
             .collect();
@@ -357,7 +357,7 @@ async fn slow_and_idle_clients_are_disconnected() {
         // Keep-alive: a second request within the idle timeout is served on the same
         // connection; past it the connection is closed.
         let mut c = TcpStream::connect(&addr).unwrap();
-        let req = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+        let req = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
         let mut buf = [0u8; 4096];
         c.write_all(req).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -384,7 +384,7 @@ async fn slow_and_idle_clients_are_disconnected() {
         let n = c.read(&mut buf).unwrap();
         assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
         std::thread::sleep(Duration::from_millis(600));
-        c.write_all(b"GET /healthz HTTP/1.1\r\n").unwrap();
+        c.write_all(b"GET /health HTTP/1.1\r\n").unwrap();
         std::thread::sleep(Duration::from_millis(500));
         c.write_all(b"Host: x\r\n\r\n").unwrap();
         let n = c.read(&mut buf).unwrap();
@@ -438,7 +438,7 @@ async fn the_connection_limit_answers_503_with_retry_after() {
         std::thread::sleep(Duration::from_millis(200));
         let out = exchange(
             &addr,
-            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
             Duration::from_secs(5),
         );
         drop(held);
@@ -453,7 +453,7 @@ async fn the_connection_limit_answers_503_with_retry_after() {
     // Once the held connections close, the listener serves again and the refusal is counted.
     let m = wait_for(Duration::from_secs(5), "a connection slot", || async {
         client()
-            .get(s.url("/metrics"))
+            .get(s.ops_url("/metrics"))
             .send()
             .await
             .ok()

@@ -10,11 +10,11 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, FileFailurePersistence};
 use serde_json::{json, Map, Value};
-use sluice::config::Config;
-use sluice::proxy::head_check::{self, BodyVerdict, HeadLimits, HeadVerdict};
-use sluice::shaping::{self, Shaped};
-use sluice::signals::{prometheus, vllm_text};
-use sluice::tenancy::{hash_key, TenantDirectory};
+use sluice_config::tenancy::{hash_key, TenantDirectory};
+use sluice_config::Config;
+use sluice_proxy::head_check::{self, BodyVerdict, HeadLimits, HeadVerdict};
+use sluice_proxy::shaping::{self, Shaped};
+use sluice_runtime::signals::{prometheus, vllm_text};
 
 fn cases() -> PropConfig {
     let cases = std::env::var("SLUICE_FUZZ_CASES")
@@ -455,7 +455,7 @@ proptest! {
 const SHIPPED: &str = include_str!("../conf/sluice.yaml");
 const TENANTS: &str = include_str!("../conf/tenants.yaml");
 
-fn load(text: &str) -> Result<Config, sluice::config::ConfigError> {
+fn load(text: &str) -> Result<Config, sluice_config::ConfigError> {
     Config::from_yaml(
         text,
         "fuzz.yaml",

@@ -5,7 +5,7 @@ use common::*;
 use serde_json::{json, Value};
 
 fn sha256_hex(key: &str) -> String {
-    sluice::tenancy::hash_key(key)
+    sluice_config::tenancy::hash_key(key)
 }
 
 #[tokio::test]
@@ -100,7 +100,7 @@ async fn admin_endpoints_need_the_admin_token() {
     );
     let s = serve_with(&cfg, &[("SLUICE_ADMIN_TOKEN", "s3cret")], true).await;
     let put = |token: Option<&str>, body: Value| {
-        let mut req = client().put(s.url("/admin/pressure")).json(&body);
+        let mut req = client().put(s.ops_url("/admin/pressure")).json(&body);
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
@@ -140,7 +140,7 @@ async fn admin_endpoints_need_the_admin_token() {
     assert_eq!(st["signals"]["on-demand"]["pressure"]["value"], 50.0);
     assert_eq!(st["signals"]["on-demand"]["pressure"]["source"], "admin");
     let r = client()
-        .delete(s.url("/admin/pressure"))
+        .delete(s.ops_url("/admin/pressure"))
         .bearer_auth("s3cret")
         .send()
         .await

@@ -211,7 +211,7 @@ async fn fallback_after_sustained_pressure_and_back_after_recovery() {
 
     // Recovery: the scraped pressure of an idle simulator is ~0.
     client()
-        .delete(s.url("/admin/pressure"))
+        .delete(s.ops_url("/admin/pressure"))
         .send()
         .await
         .unwrap();

@@ -5,9 +5,9 @@
 mod common;
 use common::*;
 use serde_json::{json, Value};
-use sluice::decisions::{DecisionRecord, RecentFilter};
-use sluice::ledger::db::{Db, SlaWindow};
-use sluice::ledger::row::LedgerRow;
+use sluice_ledger::db::{Db, SlaWindow};
+use sluice_ledger::row::LedgerRow;
+use sluice_record::decision::{DecisionRecord, RecentFilter};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -101,12 +101,12 @@ fn migrations_apply_once_even_when_replicas_race() {
     let threads: Vec<_> = (0..4)
         .map(|_| {
             let name = schema.0.clone();
-            std::thread::spawn(move || sluice::ledger::migrate::run(&mut pg(), &name).unwrap())
+            std::thread::spawn(move || sluice_ledger::migrate::run(&mut pg(), &name).unwrap())
         })
         .collect();
     let mut applied: Vec<Vec<i32>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     applied.sort();
-    let all: Vec<i32> = sluice::ledger::migrate::MIGRATIONS
+    let all: Vec<i32> = sluice_ledger::migrate::MIGRATIONS
         .iter()
         .map(|m| m.0)
         .collect();
@@ -138,7 +138,7 @@ fn migrations_apply_once_even_when_replicas_race() {
         assert!(found.is_some(), "{table} exists");
     }
     assert!(
-        sluice::ledger::migrate::run(&mut c, &schema.0)
+        sluice_ledger::migrate::run(&mut c, &schema.0)
             .unwrap()
             .is_empty(),
         "a second start applies nothing"
@@ -160,7 +160,11 @@ fn scripted(
         tier: tier.to_string().into(),
         method: "POST".into(),
         path: "/v1/chat/completions".into(),
-        decision: if violated.is_some() { "pass" } else { "reject" }.into(),
+        decision: if violated.is_some() {
+            sluice_record::Verdict::Pass
+        } else {
+            sluice_record::Verdict::Reject
+        },
         reason: if violated.is_some() {
             ""
         } else {
@@ -284,10 +288,10 @@ fn sla_rate_recent_and_retention_match_a_hand_count() {
 
     // Queue events travel with their decision, in the same transaction.
     let mut queued = scripted("q1", "Standard", now - 1000, 300.0, Some(false));
-    queued.queue_outcome = Some("queue_released".into());
+    queued.queue_outcome = Some(sluice_record::QueueOutcome::Released);
     queued.queue_wait_ms = Some(120.0);
     let mut dropped = scripted("q2", "Standard", now - 1000, 0.0, None);
-    dropped.queue_outcome = Some("queue_dropped".into());
+    dropped.queue_outcome = Some(sluice_record::QueueOutcome::Dropped);
     // Retention: rows older than the cutoff go, in batches; newer ones stay.
     let mut old: Vec<LedgerRow> = (0..7)
         .map(|i| {
@@ -300,7 +304,7 @@ fn sla_rate_recent_and_retention_match_a_hand_count() {
             )
         })
         .collect();
-    old[0].queue_outcome = Some("queue_timed_out".into());
+    old[0].queue_outcome = Some(sluice_record::QueueOutcome::TimedOut);
     old[0].queue_wait_ms = Some(2000.0);
     old.push(queued);
     old.push(dropped);
@@ -440,7 +444,7 @@ async fn every_request_gets_exactly_its_row() {
 
     // /decisions/recent now answers from PostgreSQL, with the ring's field names.
     let recent: Value = client()
-        .get(s.url("/decisions/recent?decision=degrade&limit=1000"))
+        .get(s.ops_url("/decisions/recent?decision=degrade&limit=1000"))
         .send()
         .await
         .unwrap()
@@ -541,7 +545,7 @@ async fn a_database_outage_loses_nothing_and_doubles_nothing() {
     .await;
     assert!(down["last_error"].is_string(), "{down}");
     let recent: Value = client()
-        .get(s.url("/decisions/recent"))
+        .get(s.ops_url("/decisions/recent"))
         .send()
         .await
         .unwrap()
@@ -740,16 +744,12 @@ fn writer_throughput() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50_000);
-    let mut cfg = sluice::config::Config::default();
+    let mut cfg = sluice_config::Config::default();
     cfg.ledger.schema = schema.0.clone();
     cfg.ledger.spool_dir = schema.spool_dir();
     cfg.ledger.buffer_rows = n;
-    let ledger = sluice::ledger::open(&cfg, PG_URL).unwrap();
-    assert_eq!(
-        ledger.step(),
-        sluice::ledger::writer::Step::Idle,
-        "migrates"
-    );
+    let ledger = sluice_ledger::open(&cfg, PG_URL).unwrap();
+    assert_eq!(ledger.step(), sluice_ledger::writer::Step::Idle, "migrates");
     let start = now_ms();
     for i in 0..n {
         ledger.push(Arc::new(DecisionRecord {
@@ -760,7 +760,7 @@ fn writer_throughput() {
             tier: "Standard".into(),
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
-            decision: "pass".into(),
+            decision: sluice_record::Verdict::Pass,
             reason: "".into(),
             state: "Normal".into(),
             pool: Some("on-demand".into()),
@@ -781,7 +781,7 @@ fn writer_throughput() {
             sla_target_ms: Some(1000),
             sla_violated: Some(false),
             signals: Default::default(),
-            queue_outcome: (i % 10 == 0).then(|| "queue_released".into()),
+            queue_outcome: (i % 10 == 0).then_some(sluice_record::QueueOutcome::Released),
             error: None,
             inputs: None,
         }));
@@ -800,7 +800,7 @@ fn writer_throughput() {
 
 #[test]
 fn ledger_config_has_defaults_overrides_and_named_errors() {
-    use sluice::config::Config;
+    use sluice_config::Config;
     let parse = |yaml: &str, env: &[(&str, &str)]| {
         let env: Vec<(String, String)> = env
             .iter()
@@ -821,7 +821,7 @@ fn ledger_config_has_defaults_overrides_and_named_errors() {
         (l.retention_days, l.sla_window_seconds, l.schema.as_str()),
         (30, 60, "public")
     );
-    use sluice::config::LogRequests;
+    use sluice_config::LogRequests;
     let logs = c.decisions.log_requests;
     assert_eq!(
         (logs, logs.resolve(true), logs.resolve(false)),
@@ -889,10 +889,10 @@ fn ledger_config_has_defaults_overrides_and_named_errors() {
 #[test]
 fn a_row_postgres_refuses_is_dropped_alone() {
     let schema = Schema::create();
-    let mut cfg = sluice::config::Config::default();
+    let mut cfg = sluice_config::Config::default();
     cfg.ledger.schema = schema.0.clone();
     cfg.ledger.spool_dir = schema.spool_dir();
-    let ledger = sluice::ledger::open(&cfg, PG_URL).unwrap();
+    let ledger = sluice_ledger::open(&cfg, PG_URL).unwrap();
     // Too large for a btree index entry even compressed: PostgreSQL refuses it (SQLSTATE 54000).
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     let huge: String = (0..12_000)
@@ -909,7 +909,7 @@ fn a_row_postgres_refuses_is_dropped_alone() {
             received_at_ms: now_ms(),
             tenant: tenant.into(),
             tier: "Standard".into(),
-            decision: "pass".into(),
+            decision: sluice_record::Verdict::Pass,
             ..Default::default()
         }));
     }
@@ -1015,7 +1015,7 @@ fn the_sla_window_from_per_second_counts_equals_a_count_of_its_rows() {
     let now = now_ms();
     let rows = random_rows(7, 3_000, now);
     // Both ways in: COPY for fresh rows, INSERT … ON CONFLICT for a replay (half of it again).
-    let mut copy = sluice::ledger::batch::CopyBatch::default();
+    let mut copy = sluice_ledger::batch::CopyBatch::default();
     for chunk in rows.chunks(700) {
         copy.encode(chunk);
         assert_eq!(db.copy(&copy).unwrap(), chunk.len() as u64);
@@ -1047,9 +1047,9 @@ fn the_sla_window_from_per_second_counts_equals_a_count_of_its_rows() {
 }
 
 /// Replay inputs as a request path captures them.
-fn inputs(ticket: u64) -> sluice::replay::PolicyInputs {
-    use sluice::policy::{decide, PolicyState, RequestFacts, Tier};
-    let rules = sluice::policy::tenant_policy::PolicyRules::default();
+fn inputs(ticket: u64) -> sluice_record::PolicyInputs {
+    use sluice_policy::{decide, PolicyState, RequestFacts, Tier};
+    let rules = sluice_policy::tenant_policy::PolicyRules::default();
     let state = PolicyState::initial();
     let facts = RequestFacts {
         tier: Tier::Standard,
@@ -1063,18 +1063,18 @@ fn inputs(ticket: u64) -> sluice::replay::PolicyInputs {
         inflight_work: [10.5, 0.25],
     };
     let d = decide(&state, &rules, &facts);
-    let clock = sluice::signals::hub::Clock::new();
-    sluice::replay::PolicyInputs::capture(&state, &rules, &facts, &d, clock)
+    let clock = sluice_policy::Clock::new();
+    sluice_record::PolicyInputs::capture(&state, &rules, &facts, &d, clock)
 }
 
 #[test]
 fn fresh_rows_are_copied_with_their_queue_events_and_a_reused_id_still_lands_once() {
     let schema = Schema::create();
-    let mut cfg = sluice::config::Config::default();
+    let mut cfg = sluice_config::Config::default();
     cfg.ledger.schema = schema.0.clone();
     cfg.ledger.spool_dir = schema.spool_dir();
     cfg.ledger.batch_rows = 50;
-    let ledger = sluice::ledger::open(&cfg, PG_URL).unwrap();
+    let ledger = sluice_ledger::open(&cfg, PG_URL).unwrap();
     let now = now_ms();
     let mut pushed = Vec::new();
     for i in 0..120u64 {
@@ -1087,10 +1087,10 @@ fn fresh_rows_are_copied_with_their_queue_events_and_a_reused_id_still_lands_onc
         );
         match i % 10 {
             1 => {
-                r.queue_outcome = Some("queue_released".into());
+                r.queue_outcome = Some(sluice_record::QueueOutcome::Released);
                 r.queue_wait_ms = Some(12.5);
             }
-            2 => r.queue_outcome = Some("queue_dropped".into()),
+            2 => r.queue_outcome = Some(sluice_record::QueueOutcome::Dropped),
             4..=6 => r.inputs = Some(inputs(i)),
             // NUL and a non-finite latency: sanitised on the way in, not refused.
             3 => {
@@ -1192,7 +1192,7 @@ fn migrations_3_and_4_keep_an_existing_ledger_and_count_its_recent_completions()
     let mut c = pg();
     // A ledger written by the previous release: every migration before this one.
     let mut previous = String::new();
-    for (version, name, sql) in &sluice::ledger::migrate::MIGRATIONS[..2] {
+    for (version, name, sql) in &sluice_ledger::migrate::MIGRATIONS[..2] {
         previous += &format!(
             "{sql}\nINSERT INTO ledger_migrations (version, name) VALUES ({version}, '{name}');\n"
         );
@@ -1226,16 +1226,16 @@ fn migrations_3_and_4_keep_an_existing_ledger_and_count_its_recent_completions()
     // inputs as `jsonb` (this build's INSERT sends them as `bytea`, so they go in apart).
     let without_inputs: Vec<_> = rows
         .iter()
-        .map(|r| sluice::ledger::row::LedgerRow {
+        .map(|r| sluice_ledger::row::LedgerRow {
             inputs: None,
             ..r.clone()
         })
         .collect();
-    let batch = sluice::ledger::batch::Batch::build(&without_inputs);
+    let batch = sluice_ledger::batch::Batch::build(&without_inputs);
     let n = batch.decision_params().len();
     let written = c
         .execute(
-            &sluice::ledger::batch::insert_rows_sql()
+            &sluice_ledger::batch::insert_rows_sql()
                 .replace(
                     "INTO decisions",
                     &format!("INTO {}", schema.table("decisions")),
@@ -1343,7 +1343,7 @@ fn migrations_3_and_4_keep_an_existing_ledger_and_count_its_recent_completions()
     // Replaying the old rows after the migration adds nothing, counts included.
     assert_eq!(db.insert(&rows).unwrap(), 0);
     check_windows(&db, &schema, now);
-    assert!(sluice::ledger::migrate::run(&mut c, &schema.0)
+    assert!(sluice_ledger::migrate::run(&mut c, &schema.0)
         .unwrap()
         .is_empty());
 }

@@ -335,16 +335,16 @@ async fn upgrade_hands_over_listeners_without_failing_a_request() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let log = std::fs::File::create(old.dir.join("new.log")).unwrap();
     // Killed on drop, so a failing assertion cannot leave it running.
-    let _new = Proc {
-        child: Command::new(BIN)
+    let _new = Proc::new(
+        Command::new(BIN)
             .args(["serve", "-u", "--config"])
             .arg(&path)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap(),
-        addr: old.addr.clone(),
-    };
+        old.addr.clone(),
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let quit = Instant::now();
     signal(old.pid(), "-QUIT");
@@ -399,6 +399,6 @@ async fn upgrade_hands_over_listeners_without_failing_a_request() {
         carried > Duration::from_secs(1),
         "a long stream crossed the handoff"
     );
-    let r = client().get(old.url("/readyz")).send().await.unwrap();
+    let r = client().get(old.ops_url("/readyz")).send().await.unwrap();
     assert_eq!(r.status(), 200, "the new process serves");
 }

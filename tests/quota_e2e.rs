@@ -312,7 +312,7 @@ async fn a_redis_outage_fails_open_to_this_replicas_buckets() {
     wait_quota_reachable(&s, true).await;
     let r = post(&s, GUARANTEED, 2).await;
     assert_eq!(r.status(), 200);
-    let live = client().get(s.url("/livez")).send().await.unwrap();
+    let live = client().get(s.ops_url("/livez")).send().await.unwrap();
     assert_eq!(live.status(), 200);
     assert!(!s.log().contains("panicked"), "{}", s.log());
 }

@@ -4,8 +4,10 @@
 
 mod common;
 use common::{free_port, shared_redis_url, PrivateRedis, RedisNs};
-use sluice::admission::{Admission, AdmissionControl, QueueParams, RedisAdmission, RedisSettings};
-use sluice::policy::{Reason, Tier};
+use sluice_policy::{Reason, Tier};
+use sluice_runtime::admission::{
+    Admission, AdmissionControl, QueueParams, RedisAdmission, RedisSettings,
+};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -402,13 +404,13 @@ async fn redis_outage_fails_open_visibly_and_admission_returns_to_redis() {
     ns.wait_empty(Tier::Standard, "slots").await;
 }
 
-fn load(yaml: &str, env: &[(&str, &str)]) -> Result<sluice::config::Config, String> {
+fn load(yaml: &str, env: &[(&str, &str)]) -> Result<sluice_config::Config, String> {
     let env: Vec<(String, String)> = env
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let lookup = move |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    sluice::config::Config::from_yaml(yaml, "test.yaml", std::path::Path::new("."), None, &lookup)
+    sluice_config::Config::from_yaml(yaml, "test.yaml", std::path::Path::new("."), None, &lookup)
         .map_err(|e| e.to_string())
 }
 
@@ -418,7 +420,7 @@ fn coordination_config_defaults_overrides_and_validation() {
     assert_eq!(c.coordination.redis_prefix, "sluice");
     assert_eq!(c.coordination.lease_seconds, 5.0);
     assert_eq!(c.coordination.op_timeout_ms, 250);
-    let (a, services) = sluice::admission::build(&c).unwrap();
+    let (a, services) = sluice_runtime::admission::build(&c).unwrap();
     assert_eq!((a.kind(), services.len()), ("local", 0));
 
     let c = load(
@@ -431,7 +433,7 @@ fn coordination_config_defaults_overrides_and_validation() {
     .unwrap();
     assert_eq!(c.coordination.redis_prefix, "prod-b", "env over file");
     assert_eq!(c.coordination.lease_ms(), 2000);
-    let (a, services) = sluice::admission::build(&c).unwrap();
+    let (a, services) = sluice_runtime::admission::build(&c).unwrap();
     assert_eq!((a.kind(), services.len()), ("redis", 1));
     assert_eq!(a.health()["reachable"], false, "not connected before start");
 

@@ -112,7 +112,7 @@ async fn rows(schema: &Schema) -> Vec<Value> {
                 // Binary (first byte 0), decoded to the object form; `null` when unreadable.
                 "inputs": r.get::<_, Option<Vec<u8>>>(6).map(|b| {
                     let i = (b.first() == Some(&0))
-                        .then(|| sluice::replay::binary::decode(&b))
+                        .then(|| sluice_record::binary::decode(&b))
                         .flatten();
                     serde_json::to_value(i).unwrap()
                 }),

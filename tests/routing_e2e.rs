@@ -78,7 +78,7 @@ async fn no_healthy_backend_answers_503() {
     set_health(&od, false).await;
     set_health(&sp, false).await;
     wait_for(Duration::from_secs(5), "/readyz to turn 503", || async {
-        let r = client().get(s.url("/readyz")).send().await.ok()?;
+        let r = client().get(s.ops_url("/readyz")).send().await.ok()?;
         (r.status() == 503).then_some(())
     })
     .await;
@@ -107,7 +107,12 @@ async fn no_healthy_backend_answers_503() {
     assert_eq!(sim_stats(&od).await["received"], 0);
     // /livez stays up: the process is fine, its backends are not.
     assert_eq!(
-        client().get(s.url("/livez")).send().await.unwrap().status(),
+        client()
+            .get(s.ops_url("/livez"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
         200
     );
 }

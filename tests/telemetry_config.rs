@@ -1,7 +1,7 @@
 //! The telemetry keys (`signals.source`, the Prometheus poller's knobs, `prometheus_url`):
 //! defaults, environment overrides, and errors that name the file, the key and the reason.
 
-use sluice::config::{Config, ConfigError, SignalSource};
+use sluice_config::{Config, ConfigError, SignalSource};
 use std::path::Path;
 
 fn load(yaml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {

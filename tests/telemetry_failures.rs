@@ -7,11 +7,12 @@
 //! acceptable only because a real Prometheus cannot be made to return these failures on demand;
 //! the healthy path and the outage are tested against a real one in `telemetry_prometheus.rs`.
 
-use sluice::config::Config;
-use sluice::policy::SignalKind;
-use sluice::signals::hub::SignalPool;
-use sluice::signals::prometheus::PrometheusPoller;
-use sluice::signals::{Clock, SignalHub, SignalReading};
+use sluice_config::Config;
+use sluice_policy::Clock;
+use sluice_policy::SignalKind;
+use sluice_runtime::signals::hub::SignalPool;
+use sluice_runtime::signals::prometheus::PrometheusPoller;
+use sluice_runtime::signals::{SignalHub, SignalReading};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

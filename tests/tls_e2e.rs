@@ -218,16 +218,16 @@ async fn the_tls_listener_is_carried_across_a_binary_upgrade() {
     let ca = pki.join("ca.pem");
     assert_eq!(served_serial(port, &ca), file_serial(&pki, "a.pem"));
     let old_pid = old.pid();
-    let _new = Proc {
-        child: Command::new(BIN)
+    let _new = Proc::new(
+        Command::new(BIN)
             .args(["serve", "-u", "--config"])
             .arg(old.dir.join("sluice.yaml"))
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(old.dir.join("new.log")).unwrap())
             .spawn()
             .unwrap(),
-        addr: old.addr.clone(),
-    };
+        old.addr.clone(),
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     Command::new("kill")
         .args(["-QUIT", &old_pid.to_string()])
@@ -245,12 +245,12 @@ async fn the_tls_listener_is_carried_across_a_binary_upgrade() {
     let _ = std::fs::remove_dir_all(&pki);
 }
 
-/// `GET /healthz` over https with curl trusting `ca`: the body, a newline and the status code.
+/// `GET /health` (the backend's, proxied) over https with curl trusting `ca`: the body, a newline and the status code.
 fn curl_healthz(ca: &std::path::Path, port: u16) -> String {
     let out = Command::new("curl")
         .args(["-s", "--cacert"])
         .arg(ca)
-        .arg(format!("https://localhost:{port}/healthz"))
+        .arg(format!("https://localhost:{port}/health"))
         .args(["-w", "\n%{http_code}"])
         .output()
         .unwrap();

@@ -267,12 +267,12 @@ fn thread_group(name: &str) -> String {
     }
 }
 
-/// Sluice's own frames (and the bench's bare proxy's): the code Pingora calls into.
+/// Sluice's own frames (its binary's and its crates', and the bench's bare proxy's): the code
+/// Pingora calls into.
 pub fn is_own_frame(f: &str) -> bool {
-    f.starts_with("sluice::")
-        || f.starts_with("<sluice::")
-        || f.starts_with("sluice_bench::")
-        || f.starts_with("<sluice_bench::")
+    ["sluice::", "<sluice::", "sluice_", "<sluice_"]
+        .iter()
+        .any(|p| f.starts_with(p))
 }
 
 /// The markdown summary of one graph: threads, and the top `n` own frames by inclusive share.
@@ -338,10 +338,10 @@ mod tests {
     use super::*;
 
     const FOLDED: &str = "\
-Pingora HTTP Pr-1;tokio::run;sluice::proxy::outcome::logging;sluice::log::json_line;memcpy 30
-Pingora HTTP Pr-2;tokio::run;sluice::proxy::outcome::logging;write 10
-Pingora HTTP Pr-2;tokio::run;<sluice::proxy::Sluice as pingora_proxy::ProxyHttp>::request_filter;sluice::a;sluice::a 20
-BG ledger;sluice::ledger::writer::run 15
+Pingora HTTP Pr-1;tokio::run;sluice_proxy::outcome::logging;sluice::log::json_line;memcpy 30
+Pingora HTTP Pr-2;tokio::run;sluice_proxy::outcome::logging;write 10
+Pingora HTTP Pr-2;tokio::run;<sluice_proxy::Sluice as pingora_proxy::ProxyHttp>::request_filter;sluice::a;sluice::a 20
+BG ledger;sluice_ledger::writer::run 15
 swapper;cpu_idle 25
 ";
 
@@ -353,13 +353,13 @@ swapper;cpu_idle 25
         assert!(s.threads.contains(&("BG ledger".to_string(), 15)));
         assert_eq!(
             s.inclusive[0],
-            ("sluice::proxy::outcome::logging".to_string(), 40)
+            ("sluice_proxy::outcome::logging".to_string(), 40)
         );
         // A recursive frame counts its stack once.
         assert!(s.inclusive.contains(&("sluice::a".to_string(), 20)));
         assert!(!s.inclusive.iter().any(|(f, _)| f == "tokio::run"));
         let md = summary("sluice", &s, 3);
-        assert!(md.contains("| `sluice::proxy::outcome::logging` | 40.0 |"));
+        assert!(md.contains("| `sluice_proxy::outcome::logging` | 40.0 |"));
     }
 
     #[test]

@@ -11,8 +11,8 @@
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
-use sluice::policy::{PressureState, Tier};
-use sluice::proxy::outcome::usage_of;
+use sluice_policy::{PressureState, Tier};
+use sluice_record::usage::usage_of;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -56,26 +56,18 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
         },
         &s.backends.on_demand,
         input.dir,
-        &c,
     )
     .await?;
     let own_spot = match s.backends.shared {
         true => None,
         false => Some(
-            procs::start_sim(
-                input.bin,
-                "spot",
-                &spot_models,
-                &s.backends.spot,
-                input.dir,
-                &c,
-            )
-            .await?,
+            procs::start_sim(input.bin, "spot", &spot_models, &s.backends.spot, input.dir).await?,
         ),
     };
     let spot = own_spot.as_ref().unwrap_or(&od);
     let addrs = Addrs {
         sluice: procs::free_addr()?,
+        ops: procs::free_addr()?,
         on_demand: od.addr.clone(),
         spot: spot.addr.clone(),
     };
@@ -84,7 +76,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
     let (sluice, cooldown_ms, sla_window) = match &cfg {
         Some(cfg) => {
             let parsed = sluice_conf::parse(cfg, input.dir)?;
-            let p = procs::start_sluice(input.bin, cfg, input.dir, &c).await?;
+            let p = procs::start_sluice(input.bin, cfg, input.dir).await?;
             wait_for_signals(
                 &c,
                 &p,
@@ -121,7 +113,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
         c.clone(),
         od.url("/metrics"),
         spot.url("/metrics"),
-        sluice.as_ref().map(|p| p.url("/status")),
+        sluice.as_ref().map(|p| p.ops_url("/status")),
         sluice.as_ref().map(Proc::pid),
         start,
         Arc::clone(&stop),
@@ -146,7 +138,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
     if let (Some(p), false) = (&sluice, s.forced_pressure.is_empty()) {
         side.push(tokio::spawn(force_pressure(
             c.clone(),
-            p.url("/admin/pressure"),
+            p.ops_url("/admin/pressure"),
             s.clone(),
             start,
             Arc::clone(&stop),
@@ -155,7 +147,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
     if let (Some(p), Mode::Phase2, SlaSignal::Harness) = (&sluice, input.mode, input.sla) {
         side.push(tokio::spawn(feed_sla(
             c.clone(),
-            p.url("/admin/sla-violation-rate"),
+            p.ops_url("/admin/sla-violation-rate"),
             Arc::clone(&completions),
             sla_window,
             start,
@@ -209,7 +201,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
     }
     let overhead = match &sluice {
         Some(p) => {
-            let (_, body) = procs::request(&c, "GET", &p.url("/metrics"), None).await?;
+            let (_, body) = procs::request(&c, "GET", &p.ops_url("/metrics"), None).await?;
             report::histogram_quantiles(
                 &String::from_utf8_lossy(&body),
                 "sluice_proxy_overhead_seconds",
@@ -247,7 +239,7 @@ async fn wait_for_signals(c: &HttpClient, p: &Proc, ledger: bool) -> Result<(), 
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut last = Value::Null;
     while Instant::now() < deadline {
-        if let Ok(st) = procs::get_json(c, &p.url("/status")).await {
+        if let Ok(st) = procs::get_json(c, &p.ops_url("/status")).await {
             let have = |pool: &str| st["signals"][pool]["pressure"]["value"].is_number();
             let ledger_ok = !ledger
                 || (st["dependencies"]["ledger"] == json!(true)

@@ -23,6 +23,7 @@ mod results;
 mod scenario;
 mod sluice_conf;
 mod soak;
+mod stats;
 mod svg;
 
 use clap::{Parser, Subcommand};
@@ -33,7 +34,7 @@ use record::Mode;
 
 // The same allocator as `sluice`, so the bare Pingora row compares like with like.
 #[global_allocator]
-static GLOBAL: sluice::alloc::Allocator = sluice::alloc::Allocator;
+static GLOBAL: sluice_runtime::alloc::Allocator = sluice_runtime::alloc::Allocator;
 use sluice_conf::SlaSignal;
 
 #[derive(Parser)]

@@ -6,7 +6,7 @@
 //! shared machine the best round is the one least disturbed by other work.
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
-use sluice::metrics::{Metrics, RequestObservations};
+use sluice_runtime::metrics::{Metrics, RequestObservations};
 use std::time::Instant;
 
 pub fn run(threads: usize, per_thread: u64) {

@@ -10,13 +10,13 @@
 
 use std::collections::VecDeque;
 
-use sluice::config::Config;
-use sluice::policy::adaptive::Outcome;
-use sluice::policy::{
-    self, tenant_policy::PolicyRules, Action, PolicyEngine, PolicyState, Pool, PoolSignals, Reason,
+use sluice_config::Config;
+use sluice_policy::adaptive::Outcome;
+use sluice_policy::{
+    tenant_policy::PolicyRules, Action, PolicyEngine, PolicyState, Pool, PoolSignals, Reason,
     RequestFacts, Tier,
 };
-use sluice::signals::vllm_text::Histogram;
+use sluice_runtime::signals::vllm_text::Histogram;
 
 use crate::model_queue::{Joined, TierQueue, Waiting};
 use crate::record::{Mode, RequestRecord, Run, Sample};
@@ -412,10 +412,10 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 inflight: p.map(|p| p.inflight.map(u64::from)),
                 queued: p.map(|p| p.queues.each_ref().map(|q| q.len() as u64)),
                 levels: p
-                    .filter(|p| p.rules.mode == policy::PolicyMode::Adaptive)
+                    .filter(|p| p.rules.mode == sluice_policy::PolicyMode::Adaptive)
                     .map(|p| p.state.pools.each_ref().map(|c| c.level)),
                 shaping: p
-                    .filter(|p| p.rules.mode == policy::PolicyMode::Adaptive)
+                    .filter(|p| p.rules.mode == sluice_policy::PolicyMode::Adaptive)
                     .map(|p| p.state.pools.each_ref().map(|c| c.shaping)),
             });
         }
@@ -561,12 +561,12 @@ fn arrive(
         fallback_available: p.has_fallback && p.spot_seen_healthy,
         spot_healthy: p.spot_seen_healthy,
         fallback_pool: Some(fallback_pool),
-        ticket: policy::adaptive::ticket_of(&crate::live::request_id(a)),
+        ticket: sluice_policy::adaptive::ticket_of(&crate::live::request_id(a)),
         prompt_tokens: a.prompt_tokens,
         max_tokens: Some(a.max_tokens),
         inflight_work: inflight_work(engines),
     };
-    let d = policy::decide(&p.state, &p.rules, &facts);
+    let d = sluice_policy::decide(&p.state, &p.rules, &facts);
     rec.decision = d.action.name().into();
     rec.reason = d.reason.as_str().into();
     let signal_pool = match d.pool {
@@ -600,7 +600,7 @@ fn arrive(
     let tier = a.tier;
     let cap = p.rules.tier(tier).inflight_capacity;
     let weight = p.weights.get(&a.tenant).copied().unwrap_or(1.0);
-    let charge = sluice::admission::fair::charge_of(a.prompt_tokens + tokens, weight);
+    let charge = sluice_policy::fair::charge_of(a.prompt_tokens + tokens, weight);
     let q = &mut p.queues[tier.index()];
     if cap == 0 || (p.inflight[tier.index()] < cap && q.is_empty()) {
         p.inflight[tier.index()] += 1;

@@ -1,12 +1,12 @@
 //! The model's tier queue: Sluice's in-process queue rules (`src/admission/local.rs`) in
-//! simulated time, with the same pure fair-share core (`sluice::admission::fair`): a freed slot
+//! simulated time, with the same pure fair-share core (`sluice_runtime::admission::fair`): a freed slot
 //! goes to the waiting tenant with the least weighted token service, FIFO within a tenant; a
 //! full queue lets a tenant with fewer waiters push out the longest-queued tenant's newest.
 //! Without fair share it is plain FIFO.
 
 use std::collections::VecDeque;
 
-use sluice::admission::fair::{self, FairShare};
+use sluice_policy::fair::{self, FairShare};
 
 pub struct Waiting<T> {
     pub item: T,

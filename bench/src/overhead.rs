@@ -101,6 +101,7 @@ enum Extras {
 fn sluice_config(listen: &str, od: &str, spot: &str, dir: &Path, extras: Extras) -> Value {
     let mut cfg = json!({
         "listen": [listen],
+        "ops_listen": [sluice_testkit::free_addr()],
         "server": {"threads": THREADS, "grace_period_seconds": 0, "graceful_shutdown_timeout_seconds": 1,
                    "upgrade_sock": dir.join("upgrade.sock").display().to_string(),
                    "pid_file": dir.join("sluice.pid").display().to_string()},
@@ -135,10 +136,10 @@ async fn start_with(
     c: &HttpClient,
     extras: Extras,
 ) -> Result<Proc, String> {
-    let p = procs::start_sluice(bin, cfg, dir, c).await?;
+    let p = procs::start_sluice(bin, cfg, dir).await?;
     let mut last = Value::Null;
     for _ in 0..50 {
-        let st = procs::get_json(c, &p.url("/status")).await?;
+        let st = procs::get_json(c, &p.ops_url("/status")).await?;
         let deps = &st["dependencies"];
         let ready = match extras {
             Extras::None => true,
@@ -210,26 +211,14 @@ fn start_nginx(dir: &Path, name: &str, role: &Nginx<'_>) -> Result<Proc, String>
     let listen = procs::free_addr()?;
     let conf = prefix.join("nginx.conf");
     std::fs::write(&conf, nginx_conf(&prefix, &listen, role)).map_err(|e| e.to_string())?;
-    let log = prefix.join("stderr.log");
-    let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-    let err = out.try_clone().map_err(|e| e.to_string())?;
-    let child = Command::new("nginx")
-        .arg("-p")
+    let mut cmd = Command::new("nginx");
+    cmd.arg("-p")
         .arg(&prefix)
         .arg("-c")
         .arg(&conf)
         .arg("-e")
-        .arg(prefix.join("error.log"))
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| format!("cannot start nginx: {e}"))?;
-    Ok(Proc {
-        child,
-        addr: listen,
-        name: name.into(),
-        log,
-    })
+        .arg(prefix.join("error.log"));
+    Proc::spawn(name, &mut cmd, listen, Some(prefix.join("stderr.log")))
 }
 
 fn wrk(url: &str, conns: u32, secs: u64, script: &Path) -> Result<WrkResult, String> {
@@ -284,9 +273,9 @@ pub async fn run(
     // The simulator rounds even zero delays up to tokio's 1 ms timer tick (about 2 ms a
     // request), which would hide the proxies' cost; a static nginx answers in microseconds.
     let mut od = start_nginx(&wd.path, "backend-on-demand", &Nginx::Backend)?;
-    od.wait_ok(&c, "/health", Duration::from_secs(10)).await?;
+    od.wait_ok("/health", Duration::from_secs(10)).await?;
     let mut spot = start_nginx(&wd.path, "backend-spot", &Nginx::Backend)?;
-    spot.wait_ok(&c, "/health", Duration::from_secs(10)).await?;
+    spot.wait_ok("/health", Duration::from_secs(10)).await?;
     let script = wd.path.join("chat.lua");
     std::fs::write(&script, WRK_SCRIPT).map_err(|e| e.to_string())?;
     let path = "/v1/chat/completions";
@@ -298,9 +287,7 @@ pub async fn run(
         process: None,
     }];
     let mut nginx = start_nginx(&wd.path, "nginx-proxy", &Nginx::Proxy(&od.addr))?;
-    nginx
-        .wait_ok(&c, "/health", Duration::from_secs(10))
-        .await?;
+    nginx.wait_ok("/health", Duration::from_secs(10)).await?;
     targets.push(Target {
         name: "nginx",
         url: nginx.url(path),
@@ -309,7 +296,7 @@ pub async fn run(
     });
     let bare_dir = wd.path.join("pingora");
     std::fs::create_dir_all(&bare_dir).map_err(|e| e.to_string())?;
-    let bare = procs::start_bare_pingora(&od.addr, THREADS, &bare_dir, &c).await?;
+    let bare = procs::start_bare_pingora(&od.addr, THREADS, &bare_dir).await?;
     targets.push(Target {
         name: "pingora (bare)",
         url: bare.url(path),
@@ -381,7 +368,7 @@ pub async fn run(
     let mut own = Vec::new();
     for t in &targets {
         if let Some(p) = t.process.as_ref().filter(|_| t.name.starts_with("sluice")) {
-            let (_, body) = procs::request(&c, "GET", &p.url("/metrics"), None).await?;
+            let (_, body) = procs::request(&c, "GET", &p.ops_url("/metrics"), None).await?;
             if let Some((n, p50, p99)) = report::histogram_quantiles(
                 &String::from_utf8_lossy(&body),
                 "sluice_proxy_overhead_seconds",
@@ -469,18 +456,18 @@ const FAMILIES: &[(&str, &[&str])] = &[
     (
         "every ProxyHttp hook of the proxy",
         &[
-            "<sluice::proxy::Sluice as pingora_proxy::proxy_trait::ProxyHttp>::",
+            "<sluice_proxy::Sluice as pingora_proxy::proxy_trait::ProxyHttp>::",
             "<sluice_bench::bare::Bare as pingora_proxy::proxy_trait::ProxyHttp>::",
         ],
     ),
     ("request_filter", &["ProxyHttp>::request_filter"]),
     (
         "· admission (decide_and_admit)",
-        &["sluice::proxy::admit::decide_and_admit"],
+        &["sluice_proxy::admit::decide_and_admit"],
     ),
     (
         "· request body facts (shaping::facts)",
-        &["sluice::shaping::facts"],
+        &["sluice_proxy::shaping::facts"],
     ),
     ("upstream_peer", &["ProxyHttp>::upstream_peer"]),
     (
@@ -490,24 +477,24 @@ const FAMILIES: &[(&str, &[&str])] = &[
     ("response_filter", &["ProxyHttp>::response_filter"]),
     (
         "· decision headers (respond::decision_headers)",
-        &["sluice::proxy::respond::decision_headers"],
+        &["sluice_proxy::respond::decision_headers"],
     ),
     (
         "response_body_filter",
         &["ProxyHttp>::response_body_filter"],
     ),
     ("logging hook", &["ProxyHttp>::logging"]),
-    ("· outcome::logging", &["sluice::proxy::outcome::logging"]),
+    ("· outcome::logging", &["sluice_proxy::outcome::logging"]),
     (
         "· json_line (the log line, ledger inputs)",
-        &["sluice::json_line::"],
+        &["sluice_record::line::"],
     ),
     (
         "header inserts, Pingora's and Sluice's",
         &["insert_header", "append_header"],
     ),
     ("log writer thread (sluice-log)", &["sluice-log;"]),
-    ("ledger (any sluice::ledger frame)", &["sluice::ledger::"]),
+    ("ledger (any sluice_ledger frame)", &["sluice_ledger::"]),
     ("redis (any redis:: frame)", &["redis::"]),
     ("metrics (prometheus)", &["prometheus::"]),
     ("malloc/free (mimalloc)", &["mi_malloc", "mi_free", "_mi_"]),

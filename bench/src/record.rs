@@ -3,7 +3,7 @@
 //! (and one plot) reads either.
 
 use serde::Serialize;
-use sluice::policy::{PressureState, Tier};
+use sluice_policy::{PressureState, Tier};
 
 use crate::scenario::{ser_tier, Arrival};
 

@@ -8,21 +8,12 @@
 //! error or a timeout counts as a violation). Targets are judged on `viol % all`.
 
 use serde::Serialize;
-use sluice::policy::{PressureState, Tier};
+use sluice_policy::{PressureState, Tier};
 use std::fmt::Write as _;
 
 use crate::record::{RequestRecord, Run, Sample};
 
-/// Linear interpolation between closest ranks (numpy's default), on sorted input.
-pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (p / 100.0).clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
-    let lo = rank.floor() as usize;
-    let hi = rank.ceil() as usize;
-    Some(sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64))
-}
+pub use crate::stats::percentile;
 
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(f64::total_cmp);

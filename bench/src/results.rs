@@ -4,7 +4,7 @@
 //! file, such as the older overhead section, is left as it is).
 
 use serde_json::json;
-use sluice::policy::Tier;
+use sluice_policy::Tier;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 

@@ -6,7 +6,7 @@
 //! in-process model and the live HTTP run replay the very same requests.
 
 use serde::{Deserialize, Serialize};
-use sluice::policy::Tier;
+use sluice_policy::Tier;
 
 /// The built-in scenarios, embedded so the binary runs from any directory.
 pub const BUILT_IN: [(&str, &str); 9] = [
@@ -296,7 +296,7 @@ impl Scenario {
             return Err("extends: too deep".into());
         }
         let mut merged = Self::resolve(base_text, depth + 1)?;
-        crate::sluice_conf::merge(&mut merged, &v);
+        sluice_testkit::merge(&mut merged, &v);
         Ok(merged)
     }
 
@@ -473,7 +473,7 @@ impl Scenario {
                 .map(|a| backend.unloaded_ms(a.prompt_tokens, a.answer_tokens(a.max_tokens)))
                 .collect();
             alone.sort_by(f64::total_cmp);
-            let p90 = crate::report::percentile(&alone, 90.0).unwrap_or(0.0);
+            let p90 = crate::stats::percentile(&alone, 90.0).unwrap_or(0.0);
             targets[tier.index()] = ((p90 * x / 10.0).ceil() as u64 * 10).max(10);
         }
         self.sla_ms = SlaTargets {

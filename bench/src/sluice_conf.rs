@@ -3,8 +3,8 @@
 //! config loader and takes its `PolicyRules`, so both engines run one policy.
 
 use serde_json::{json, Value};
-use sluice::config::Config;
-use sluice::policy::Tier;
+use sluice_config::Config;
+use sluice_policy::Tier;
 use std::path::Path;
 
 use crate::record::Mode;
@@ -14,6 +14,8 @@ use crate::scenario::Scenario;
 #[derive(Debug, Clone)]
 pub struct Addrs {
     pub sluice: String,
+    /// Sluice's operations listener.
+    pub ops: String,
     pub on_demand: String,
     pub spot: String,
 }
@@ -24,6 +26,7 @@ impl Addrs {
     pub fn placeholder() -> Self {
         Self {
             sluice: "127.0.0.1:1".into(),
+            ops: "127.0.0.1:4".into(),
             on_demand: "127.0.0.1:2".into(),
             spot: "127.0.0.1:3".into(),
         }
@@ -55,16 +58,7 @@ pub const MODEL: &str = "llama-3-70b";
 pub const LEDGER_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 /// Deep-merges `patch` into `base` (objects merge, everything else replaces).
-pub fn merge(base: &mut Value, patch: &Value) {
-    match (base, patch) {
-        (Value::Object(b), Value::Object(p)) => {
-            for (k, v) in p {
-                merge(b.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (b, p) => *b = p.clone(),
-    }
-}
+pub use sluice_testkit::merge;
 
 fn tier_key(t: Tier) -> &'static str {
     t.as_str()
@@ -110,6 +104,7 @@ pub fn for_mode(
     }
     let mut cfg = json!({
         "listen": [addrs.sluice],
+        "ops_listen": [addrs.ops],
         "server": server_block(dir),
         "tenants": tenants,
         "pools": {
@@ -198,6 +193,7 @@ fn shipped(s: &Scenario, addrs: &Addrs, dir: &Path, sla: SlaSignal) -> Value {
         .collect();
     let mut patch = json!({
         "listen": [addrs.sluice],
+        "ops_listen": [addrs.ops],
         "server": server_block(dir),
         "tenants": tenants,
         "pools": {
@@ -258,7 +254,7 @@ pub fn knobs(cfg: &Config) -> Vec<String> {
     )];
     for t in Tier::ALL {
         let r = rules.tier(t);
-        let th = |x: sluice::policy::pressure::Threshold| match (x.elevated_at, x.critical_at) {
+        let th = |x: sluice_policy::pressure::Threshold| match (x.elevated_at, x.critical_at) {
             (None, None) => "off".to_string(),
             (e, c) => format!(
                 "{}/{}",

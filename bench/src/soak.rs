@@ -55,18 +55,18 @@ pub async fn run(
         load_slowdown: 0.5,
         kv_reserve: Default::default(),
     };
-    let od = procs::start_sim(&bin, "on-demand", MODEL, &sim, &wd.path, &c).await?;
+    let od = procs::start_sim(&bin, "on-demand", MODEL, &sim, &wd.path).await?;
     let spot = procs::start_sim(
         &bin,
         "spot",
         &format!("{MODEL},{FALLBACK_MODEL}"),
         &sim,
         &wd.path,
-        &c,
     )
     .await?;
     let cfg = json!({
         "listen": [procs::free_addr()?],
+        "ops_listen": [procs::free_addr()?],
         "server": {"threads": 2, "grace_period_seconds": 0, "graceful_shutdown_timeout_seconds": 1,
                    "upgrade_sock": wd.path.join("upgrade.sock").display().to_string(),
                    "pid_file": wd.path.join("sluice.pid").display().to_string()},
@@ -89,13 +89,13 @@ pub async fn run(
             }),
         );
     }
-    let sluice = procs::start_sluice(&bin, &cfg, &wd.path, &c).await?;
+    let sluice = procs::start_sluice(&bin, &cfg, &wd.path).await?;
     // Both must really be in use, not failed open: the run would measure something else.
     for tries in 0.. {
         if !with_extras {
             break;
         }
-        let st = procs::get_json(&c, &sluice.url("/status")).await?;
+        let st = procs::get_json(&c, &sluice.ops_url("/status")).await?;
         let deps = &st["dependencies"];
         if st["coordinator"] != json!("local")
             && deps["ledger"] == json!(true)

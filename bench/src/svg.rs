@@ -3,7 +3,7 @@
 //! states and fallback as colour bands, and every request's latency by tier on a log scale
 //! against each tier's SLA target (dashed), rejections marked underneath.
 
-use sluice::policy::{PressureState, Tier};
+use sluice_policy::{PressureState, Tier};
 use std::fmt::Write as _;
 
 use crate::record::Run;

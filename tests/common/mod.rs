@@ -6,20 +6,13 @@ pub mod pki;
 
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+pub use sluice_testkit::{free_port, Proc};
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -76,47 +69,13 @@ pub async fn wait_ok(url: &str, within: Duration, what: &str) {
     .await
 }
 
-/// A child process killed on drop.
-pub struct Proc {
-    pub child: Child,
-    pub addr: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Proc {
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
 /// Starts a vLLM simulator serving `models` (comma separated) with extra flags.
 pub async fn sim(models: &str, extra: &[&str]) -> Proc {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(BIN)
-        .args(["sim", "--listen", &addr, "--model", models])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn sluice sim");
-    let p = Proc { child, addr };
-    wait_ok(
-        &p.url("/health"),
-        Duration::from_secs(10),
-        "simulator /health",
-    )
-    .await;
-    p
+    let mut flags = vec!["--model".to_string(), models.to_string()];
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    sluice_testkit::start_sim(std::path::Path::new(BIN), "sim", &flags, None)
+        .await
+        .expect("sluice sim answers /health")
 }
 
 /// A test config: fast sampling and health checks so state changes take a fraction of a second.
@@ -126,6 +85,7 @@ pub fn config(on_demand: &[&str], spot: &[&str]) -> Value {
     let hc = json!({"path": "/health", "interval_ms": 100, "timeout_ms": 500, "consecutive_success": 1, "consecutive_failure": 1});
     json!({
         "listen": [format!("127.0.0.1:{}", free_port())],
+        "ops_listen": [format!("127.0.0.1:{}", free_port())],
         "server": {"threads": 2, "grace_period_seconds": 0, "graceful_shutdown_timeout_seconds": 1},
         "tenants": {"support-bot": "Guaranteed", "coding-assistant": "Standard", "batch-analytics": "Best-Effort"},
         "pools": {
@@ -141,18 +101,13 @@ pub fn config(on_demand: &[&str], spot: &[&str]) -> Value {
 
 /// Deep-merges `patch` into `base` (objects merge, everything else replaces).
 pub fn merge(base: &mut Value, patch: Value) {
-    match (base, patch) {
-        (Value::Object(b), Value::Object(p)) => {
-            for (k, v) in p {
-                merge(b.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (b, p) => *b = p,
-    }
+    sluice_testkit::merge(base, &patch)
 }
 
+/// A running `sluice serve`: `url` is its tenant-facing listener, `ops_url` its operations one.
 pub struct Sluice {
     pub proc: Proc,
+    pub ops: String,
     pub dir: PathBuf,
 }
 
@@ -258,17 +213,24 @@ pub async fn serve_with(cfg: &Value, env: &[(&str, &str)], wait_ready: bool) -> 
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn sluice serve");
+        let ops = cfg["ops_listen"][0]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let mut s = Sluice {
-            proc: Proc { child, addr },
+            proc: Proc::new(child, addr),
+            ops,
             dir,
         };
-        let url = s.url(if wait_ready { "/readyz" } else { "/livez" });
+        let url = s.ops_url(if wait_ready { "/readyz" } else { "/livez" });
         if wait_started(&mut s.proc, &url, &log_path).await {
             return s;
         }
-        for l in cfg["listen"].as_array_mut().unwrap() {
-            if l.as_str().is_some_and(|a| a.starts_with("127.0.0.1:")) {
-                *l = json!(format!("127.0.0.1:{}", free_port()));
+        for key in ["listen", "ops_listen"] {
+            for l in cfg[key].as_array_mut().into_iter().flatten() {
+                if l.as_str().is_some_and(|a| a.starts_with("127.0.0.1:")) {
+                    *l = json!(format!("127.0.0.1:{}", free_port()));
+                }
             }
         }
     }
@@ -300,10 +262,15 @@ pub async fn sim_admin(sim: &Proc, path: &str, body: Value) {
 }
 
 impl Sluice {
+    /// A URL on the operations listener.
+    pub fn ops_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.ops, path)
+    }
+
     /// The `/metrics` text.
     pub async fn metrics(&self) -> String {
         client()
-            .get(self.url("/metrics"))
+            .get(self.ops_url("/metrics"))
             .send()
             .await
             .unwrap()
@@ -319,7 +286,7 @@ impl Sluice {
 
     /// The `decisions` of `/decisions/recent?QUERY`.
     pub async fn recent(&self, query: &str) -> Vec<Value> {
-        let url = self.url(&format!("/decisions/recent?{query}"));
+        let url = self.ops_url(&format!("/decisions/recent?{query}"));
         let v = get_json(&url).await;
         v["decisions"].as_array().cloned().unwrap_or_default()
     }
@@ -353,12 +320,12 @@ impl Sluice {
     }
 
     pub async fn status(&self) -> Value {
-        get_json(&self.url("/status")).await
+        get_json(&self.ops_url("/status")).await
     }
 
     pub async fn set_signal(&self, path: &str, value: f64) {
         let r = client()
-            .put(self.url(path))
+            .put(self.ops_url(path))
             .json(&json!({"value": value}))
             .send()
             .await

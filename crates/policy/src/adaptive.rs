@@ -1,0 +1,1611 @@
+//! SLO-feedback admission (`policy.mode: adaptive`): each pool keeps an *admission level* over a
+//! ladder of interventions, raised when the tiers it protects lose latency headroom against
+//! their SLA targets and lowered, slowly, when the headroom comes back. KV-cache thresholds only
+//! stay as hard rails, and as the point (`shape_pressure_at`) where every shaping step applies
+//! at once: shaping costs tokens, never a refusal. The idea is DAGOR's (admission level over
+//! business priority driven by measured queuing delay) with the seed's tiers as the priorities.
+//!
+//! The ladder ([`ladder`]) orders what may be done to a pool's traffic, cheapest first:
+//! 1. cap `max_tokens` of the non-Guaranteed tiers, lowest tier first: a capped request is still
+//!    served, and a shorter generation frees KV sooner for everyone;
+//! 2. cap them deeper where a tier has a brownout cap, lowest first: a short answer in time is
+//!    worth more than a 429, and it keeps the load on the tier's own pool (moving it would
+//!    slow the tiers of the pool it moves to);
+//! 3. move a fallback-eligible tier to the fallback model (other capacity), lowest first;
+//! 4. shed the non-Guaranteed tiers, lowest first;
+//! 5. cap Guaranteed last. Guaranteed is never shed by the controller, only by a hard rail.
+//!
+//! The level is a real number: level 2.4 means steps 0 and 1 apply to all of their tier's
+//! requests and step 2 to 40 % of them (picked by the request's ticket, so deterministically).
+//! A step moves on the headroom of the tiers it protects: a cap or fallback step on its own tier
+//! and those above it, a shed step only on the tiers strictly above (a tier is never shed to
+//! rescue its own latency: that would turn its late answers into refusals and help nobody).
+//!
+//! Headroom of a tier on a pool = 1 − (observed latency quantile / SLA target), taking the
+//! worse of Sluice's own end-to-end latencies over a short window and vLLM's queue delay on
+//! that pool. Everything here is pure: outcomes and signals come in with their times.
+
+use crate::tenant_policy::PolicyRules;
+pub use crate::tuning::AdaptiveTuning;
+use crate::types::{Millis, Pool, PoolSignals, Tier};
+use crate::work_gate::WorkLimit;
+use std::collections::VecDeque;
+
+/// What a ladder step does to its tier's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StepKind {
+    Cap,
+    Fallback,
+    /// The tier's deeper cap (brownout), after every cap step.
+    Brownout,
+    Shed,
+}
+
+impl StepKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepKind::Cap => "cap",
+            StepKind::Fallback => "fallback",
+            StepKind::Brownout => "brownout",
+            StepKind::Shed => "shed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    pub tier: Tier,
+    pub kind: StepKind,
+}
+
+/// Higher is more important: Guaranteed 2, Standard 1, Best-Effort 0.
+fn rank(t: Tier) -> usize {
+    2 - t.index()
+}
+
+/// Lowest tier first.
+const BY_RANK: [Tier; 3] = [Tier::BestEffort, Tier::Standard, Tier::Guaranteed];
+
+/// The interventions of `rules` on `pool`'s traffic, cheapest first (see the module doc). A
+/// fallback step is there only when the fallback runs on other capacity than `pool`'s.
+pub fn ladder(rules: &PolicyRules, pool: Pool) -> Vec<Step> {
+    let fallback = rules.fallback_relieves(pool);
+    let lower = || BY_RANK.into_iter().filter(|t| *t != Tier::Guaranteed);
+    let mut steps = Vec::new();
+    let step = |tier, kind| Step { tier, kind };
+    steps.extend(
+        lower()
+            .filter(|t| rules.tier(*t).max_tokens_cap.is_some())
+            .map(|t| step(t, StepKind::Cap)),
+    );
+    steps.extend(
+        lower()
+            .filter(|t| rules.tier(*t).brownout_max_tokens.is_some())
+            .map(|t| step(t, StepKind::Brownout)),
+    );
+    steps.extend(
+        lower()
+            .filter(|t| fallback && rules.tier(*t).fallback_eligible)
+            .map(|t| step(t, StepKind::Fallback)),
+    );
+    steps.extend(lower().map(|t| step(t, StepKind::Shed)));
+    let g = rules.tier(Tier::Guaranteed);
+    if g.max_tokens_cap.is_some() {
+        steps.push(step(Tier::Guaranteed, StepKind::Cap));
+    }
+    if fallback && g.fallback_eligible {
+        steps.push(step(Tier::Guaranteed, StepKind::Fallback));
+    }
+    steps
+}
+
+/// Where the level rests once every shaping step (cap, brownout) is in force: the end of the
+/// ladder's leading run of shaping steps.
+pub fn shape_floor(steps: &[Step]) -> f64 {
+    steps
+        .iter()
+        .position(|s| !matches!(s.kind, StepKind::Cap | StepKind::Brownout))
+        .unwrap_or(steps.len()) as f64
+}
+
+/// Where the level rests when a rail trips: every shed step fully applied.
+pub fn rail_level(steps: &[Step]) -> f64 {
+    steps
+        .iter()
+        .rposition(|s| s.kind == StepKind::Shed)
+        .map_or(0.0, |i| (i + 1) as f64)
+}
+
+/// What the controller hears of one request: its arrival when the policy decides it (so a tier
+/// counts as present on a pool from its first request, and a fully shed tier is not mistaken
+/// for an absent one), then its end if it was served.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    pub at: Millis,
+    pub tier: Tier,
+    /// End-to-end latency of a served request; `None` for the arrival.
+    pub latency_ms: Option<f64>,
+    /// The request failed (5xx, timeout): counted as a missed target.
+    pub failed: bool,
+    /// A request still outstanding at `at` (sent to the pool, not yet answered), reported at
+    /// every sample while it runs: `latency_ms` is its age so far, a lower bound on its
+    /// latency that is known before it ends. Counted for this sample only, never remembered.
+    pub pending: bool,
+}
+
+impl Outcome {
+    /// A request decided at `at` (it counts as traffic of `tier` on the pool).
+    pub fn arrival(at: Millis, tier: Tier) -> Self {
+        Outcome {
+            at,
+            tier,
+            latency_ms: None,
+            failed: false,
+            pending: false,
+        }
+    }
+
+    /// A request served in `latency_ms`, ending at `at`.
+    pub fn served(at: Millis, tier: Tier, latency_ms: f64) -> Self {
+        Outcome {
+            latency_ms: Some(latency_ms),
+            ..Self::arrival(at, tier)
+        }
+    }
+
+    /// A request that failed (5xx, timeout), ending at `at`: a missed target.
+    pub fn failed(at: Millis, tier: Tier) -> Self {
+        Outcome {
+            failed: true,
+            ..Self::arrival(at, tier)
+        }
+    }
+
+    /// A request still running at `at`, `age_ms` after it arrived.
+    pub fn pending(at: Millis, tier: Tier, age_ms: f64) -> Self {
+        Outcome {
+            pending: true,
+            ..Self::served(at, tier, age_ms)
+        }
+    }
+}
+
+/// Why the level last moved, for `/status` and the decision trail.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Movement {
+    Hold,
+    /// Raised because `tier`'s headroom was `headroom`.
+    Up {
+        tier: Tier,
+        headroom: f64,
+    },
+    /// Lowered: the protected headroom is back above `relax_above` (or unknown).
+    Down,
+    /// Lowered fast: vLLM queues nothing and the cache is below `shape_pressure_at`.
+    Calm,
+    /// Set to 0: the pool has been idle for `idle_release_ms`.
+    Idle,
+    /// A hard rail tripped.
+    Rail(RailKind),
+    /// KV usage reached `shape_pressure_at`: every shaping step put in force.
+    Shape,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RailKind {
+    Pressure,
+    QueueDepth,
+}
+
+/// A pool's admission control as published to the request path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolControl {
+    pub level: f64,
+    pub steps: Vec<Step>,
+    /// Per tier (by [`Tier::index`]): headroom on this pool, when known.
+    pub headroom: [Option<f64>; 3],
+    /// The tier's observed latency quantile over the window, when it has enough completions.
+    pub latency_ms: [Option<f64>; 3],
+    /// The same quantile over the requests admitted since the level last rose, counting the
+    /// ones still running at their age so far: the leading reading.
+    pub lead_ms: [Option<f64>; 3],
+    /// vLLM's mean queue delay on this pool over the last sample, when exported.
+    pub delay_ms: Option<f64>,
+    pub rail: Option<RailKind>,
+    /// KV usage is at `shape_pressure_at`: the shaping steps are held in force.
+    pub shaping: bool,
+    pub moved: Movement,
+    /// Some served tier is short of headroom: this pool should not take fallback traffic.
+    pub saturated: bool,
+    /// The learned work limit (estimated KV tokens in flight), once the pool has run short.
+    pub work_limit: Option<f64>,
+    /// Sluice's own work in flight on the pool at the sample.
+    pub inflight_work: Option<f64>,
+    /// Per tier: its learned unloaded latency on this pool (ms), once it has answered here.
+    pub unloaded_ms: [Option<f64>; 3],
+    /// Per tier: its unloaded latency is at or above its target, so no shedding can get it
+    /// there; it never raises the level (reported, and warned about once).
+    pub unattainable: [bool; 3],
+    /// Nothing has queued in vLLM and its cache has stayed below `idle_pressure_below` for
+    /// `idle_release_ms`: the level is 0 and stays there while this holds.
+    pub idle: bool,
+}
+
+impl PoolControl {
+    pub fn idle(steps: Vec<Step>) -> Self {
+        PoolControl {
+            level: 0.0,
+            steps,
+            headroom: [None; 3],
+            latency_ms: [None; 3],
+            lead_ms: [None; 3],
+            delay_ms: None,
+            rail: None,
+            shaping: false,
+            moved: Movement::Hold,
+            saturated: false,
+            work_limit: None,
+            inflight_work: None,
+            unloaded_ms: [None; 3],
+            unattainable: [false; 3],
+            idle: false,
+        }
+    }
+
+    /// How much of step `i` applies (0–1).
+    fn fraction(&self, i: usize) -> f64 {
+        (self.level - i as f64).clamp(0.0, 1.0)
+    }
+
+    /// The share of `tier`'s requests each kind of step applies to at the current level.
+    pub fn shares(&self, tier: Tier) -> Shares {
+        let mut s = Shares::default();
+        for (i, step) in self.steps.iter().enumerate() {
+            if step.tier != tier {
+                continue;
+            }
+            let f = self.fraction(i);
+            match step.kind {
+                StepKind::Cap => s.cap = f,
+                StepKind::Fallback => s.fallback = f,
+                StepKind::Brownout => s.brownout = f,
+                StepKind::Shed => s.shed = f,
+            }
+        }
+        s
+    }
+}
+
+/// Shares of one tier's requests that are capped, capped deeper (brownout), moved to the
+/// fallback, shed. A request with ticket `u` (uniform in [0, 1)) is shed if `u < shed`, else
+/// moved if `u < fallback`, and capped at the brownout cap if `u < brownout`, else at the cap
+/// if `u < cap`: the steps nest, so a shed request would also have been capped and moved, and a
+/// moved one keeps its caps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Shares {
+    pub cap: f64,
+    pub fallback: f64,
+    pub brownout: f64,
+    pub shed: f64,
+}
+
+/// The per-pool controller state carried from sample to sample.
+#[derive(Debug, Clone)]
+pub struct PoolController {
+    level: f64,
+    last_rise: Option<Millis>,
+    /// When the level last rose: only requests that started after it are evidence about the
+    /// level in force (older ones would push it up again for a load already shed). Falling
+    /// keeps the evidence: answers that were good at a stricter level stay good news.
+    last_change: Millis,
+    /// Per tier: (end, start, latency / target or None for a refusal).
+    recent: [VecDeque<(Millis, Millis, Option<f64>)>; 3],
+    work: WorkLimit,
+    /// Since when vLLM's waiting queue on this pool has been empty (none while it queues).
+    drained_since: Option<Millis>,
+    /// Since when the pool has been idle: nothing waiting in vLLM and KV usage below
+    /// `idle_pressure_below`.
+    idle_since: Option<Millis>,
+    /// Per tier: its unloaded latency on this pool in ms, a slowly moving minimum of its
+    /// latency quantile ([`Baseline`]).
+    baseline: [Baseline; 3],
+    last_sample: Option<Millis>,
+    /// vLLM's queue delay at the previous sample, for its growth.
+    last_delay: Option<f64>,
+}
+
+/// A tier's unloaded latency on one pool, learned the way TCP Vegas learns its base RTT: the
+/// smallest latency quantile the tier has shown, taken at once when a window shows less, and
+/// let up slowly (by `baseline_half_life_ms`) when windows show more, so that a fleet that
+/// really got slower (longer prompts, another model) is followed. Only requests that started
+/// while vLLM queued nothing are evidence of it: a fleet met while congested (Sluice started
+/// during a peak) must not teach the congestion as its normal, and without vLLM's queue
+/// signals nothing is learned and headroom is judged against the whole target.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Baseline {
+    pub ms: Option<f64>,
+}
+
+impl Baseline {
+    /// `clean`: the tier's latency quantile over requests that started with vLLM's queue
+    /// empty (ms), when there are enough; `dt_ms` since the previous sample.
+    fn learn(&mut self, clean: Option<f64>, dt_ms: Millis, half_life: Millis) {
+        let Some(o) = clean else { return };
+        self.ms = Some(match self.ms {
+            Some(b) if o > b => {
+                let k = 1.0 - 0.5f64.powf(dt_ms as f64 / half_life.max(1) as f64);
+                b + (o - b) * k
+            }
+            _ => o,
+        });
+    }
+}
+
+/// The latency budget a tier has for queueing, as a share of its target: its target less its
+/// unloaded latency, never below this (a tier whose unloaded latency is within a tenth of its
+/// target is judged against the last tenth rather than against nothing).
+const MIN_SLACK: f64 = 0.1;
+
+/// A calm level falling by thirds goes to 0 once below this.
+const CALM_SNAP: f64 = 0.5;
+
+/// Finished requests a window needs before its quantile can move a tier's baseline.
+const BASELINE_MIN_SAMPLES: usize = 8;
+
+/// Headroom under which a pool takes no fallback traffic.
+const SATURATED_BELOW: f64 = 0.1;
+/// Share of a served tier's requests over target (in the window) past which a pool takes no
+/// fallback traffic: the fallback must not cost the pool's own tiers their SLA.
+const SATURATED_MISSING: f64 = 0.01;
+
+/// Bound on remembered outcomes per tier, so a flood cannot grow memory or the per-sample sort.
+const RECENT_MAX: usize = 4096;
+
+impl Default for PoolController {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PoolController {
+    pub fn new() -> Self {
+        Self {
+            level: 0.0,
+            last_rise: None,
+            last_change: 0,
+            recent: Default::default(),
+            work: WorkLimit::default(),
+            drained_since: None,
+            idle_since: None,
+            baseline: Default::default(),
+            last_sample: None,
+            last_delay: None,
+        }
+    }
+
+    pub fn level(&self) -> f64 {
+        self.level
+    }
+
+    /// Feeds this sample's outcomes and signals of `pool`; returns the control to publish.
+    pub fn observe(
+        &mut self,
+        pool: Pool,
+        rules: &PolicyRules,
+        tuning: &AdaptiveTuning,
+        signals: &PoolSignals,
+        outcomes: &[Outcome],
+        now: Millis,
+    ) -> PoolControl {
+        // Requests still running, by tier: (start, age so far / target), this sample only.
+        let mut pending: [Vec<(Millis, f64)>; 3] = Default::default();
+        for o in outcomes {
+            let target = rules.tier(o.tier).sla_target_ms.max(1) as f64;
+            let ratio = match (o.latency_ms, o.failed) {
+                (_, true) => Some(f64::INFINITY),
+                (Some(l), false) => Some(l / target),
+                (None, false) => None,
+            };
+            let started = o.at.saturating_sub(o.latency_ms.unwrap_or(0.0) as Millis);
+            if o.pending {
+                if let Some(r) = ratio {
+                    pending[o.tier.index()].push((started, r));
+                }
+                continue;
+            }
+            let q = &mut self.recent[o.tier.index()];
+            q.push_back((o.at, started, ratio));
+            if q.len() > RECENT_MAX {
+                q.pop_front();
+            }
+        }
+        let horizon = now.saturating_sub(tuning.window_ms);
+        for q in &mut self.recent {
+            while q.front().is_some_and(|(at, _, _)| *at < horizon) {
+                q.pop_front();
+            }
+        }
+        let dt = self.last_sample.map_or(0, |t| now.saturating_sub(t));
+        self.last_sample = Some(now);
+
+        let steps = ladder(rules, pool);
+        // The wait a request arriving now meets. The histogram's interval mean is the past
+        // interval's leavers: once vLLM's queue is empty it still reports the waits of the
+        // backlog that just drained and would raise the level for a queue that is gone.
+        let queue_empty = signals.queue_depth.is_some_and(|w| w <= 0.0);
+        let delay_ms = signals
+            .queue_time_ms
+            .or(signals.ttft_ms)
+            .filter(|v| v.is_finite())
+            .map(|d| if queue_empty { 0.0 } else { d });
+        // Guaranteed waits in vLLM's strict FCFS queue behind everything admitted before it,
+        // and a level raised now relieves that queue only a sample or two later: so its reading
+        // meets the delay a request arriving then will meet, the current one plus its growth
+        // over the last sample for each sample of lookahead. Only Guaranteed's: the lower
+        // tiers reading ahead too shed each other for no gain (bench/RESULTS.md).
+        let growth = delay_ms
+            .zip(self.last_delay)
+            .map_or(0.0, |(d, before)| (d - before).max(0.0));
+        self.last_delay = delay_ms;
+        let g_delay_ms = delay_ms.map(|d| d + tuning.queue_lookahead_samples * growth);
+        // Once vLLM queues nothing, the requests admitted since the rise speak for themselves:
+        // the window's older answers describe a contention that is gone; and the requests
+        // admitted since the queue emptied describe the level in force best of all.
+        let no_queue = queue_empty && delay_ms.is_none_or(|d| d <= 0.0);
+        if !no_queue {
+            self.drained_since = None;
+        } else if self.drained_since.is_none() {
+            self.drained_since = Some(now);
+        }
+        let drained = self.drained_since;
+        // Idle: nothing waits in vLLM and its cache is far from full. Whatever the latencies
+        // say, shedding or shaping then cannot make anyone faster (nothing queues to be cut),
+        // so after `idle_release_ms` of it every request is let through as it is.
+        let low_kv = signals
+            .pressure
+            .zip(tuning.idle_pressure_below)
+            .is_some_and(|(p, below)| p < below);
+        if !(no_queue && low_kv) {
+            self.idle_since = None;
+        } else if self.idle_since.is_none() {
+            self.idle_since = Some(now);
+        }
+        let idle = self
+            .idle_since
+            .is_some_and(|t| now.saturating_sub(t) >= tuning.idle_release_ms);
+        // Readings per tier, as shares of its target. Rising looks only at requests that
+        // started after the last rise (older ones describe a load already shed); relaxing
+        // looks at the whole window, because just after a rise only the quick requests have
+        // finished, and their good news would undo the rise before the slow ones report.
+        // Headroom is the share of the tier's queueing budget (target less its unloaded
+        // latency) that is still unspent: 1 on an unloaded fleet whatever the target, 0 when
+        // queueing has eaten the whole budget.
+        let mut latency_ms = [None; 3];
+        let mut headroom = [None; 3];
+        let mut relax_headroom = [None; 3];
+        let mut fresh_headroom = [None; 3];
+        let mut drained_headroom: [Option<f64>; 3] = [None; 3];
+        let mut missing = [0.0; 3];
+        let mut lead_ratio: [Option<f64>; 3] = [None; 3];
+        let mut unloaded_ms = [None; 3];
+        let mut unattainable = [false; 3];
+        for tier in Tier::ALL {
+            let target = rules.tier(tier).sla_target_ms.max(1) as f64;
+            let q = &self.recent[tier.index()];
+            let quantile_at = |since: Millis, level: f64| {
+                quantile_of(started_since(q, since).collect(), level, tuning.min_samples)
+            };
+            let quantile = |since: Millis| quantile_at(since, tuning.quantile);
+            let whole = quantile(0);
+            // The baseline takes a quantile of a few requests only when it has a few more than
+            // the controller's readings need: the minimum of small samples is biased low.
+            let sampled = |since: Millis| {
+                let v = started_since(q, since).collect();
+                quantile_of(
+                    v,
+                    tuning.quantile,
+                    tuning.min_samples.max(BASELINE_MIN_SAMPLES),
+                )
+            };
+            let b = &mut self.baseline[tier.index()];
+            b.learn(
+                self.drained_since.and_then(sampled).map(|r| r * target),
+                dt,
+                tuning.baseline_half_life_ms,
+            );
+            let base = b.ms.map_or(0.0, |ms| ms / target);
+            unloaded_ms[tier.index()] = b.ms;
+            unattainable[tier.index()] = base >= 1.0;
+            let slack = (1.0 - base).max(MIN_SLACK);
+            // The share of the budget left once `observed` (and vLLM's queue delay, which a
+            // request arriving now meets on top) is spent.
+            let spend =
+                |observed: f64, delay: f64| (1.0 - ((observed - base) + delay) / slack).max(-10.0);
+            // The queue delay only concerns a tier that sends traffic to this pool. Latencies
+            // that are arriving now were mostly queued before the current delay built up, so a
+            // new request is expected to see both: the observed quantile plus today's wait.
+            let delay = if tier == Tier::Guaranteed {
+                g_delay_ms
+            } else {
+                delay_ms
+            }
+            .filter(|_| !q.is_empty())
+            .map(|d| d / target);
+            // Without latencies of its own a tier's reading can only say "short" (vLLM makes
+            // everyone wait), never "plenty": an empty queue says nothing of service times.
+            let room = |observed: Option<f64>| match (observed, delay) {
+                (Some(o), d) => Some(spend(o, d.unwrap_or(0.0))),
+                (None, Some(d)) if d > 0.0 => Some(spend(base, d)),
+                (None, _) => None,
+            };
+            let served: Vec<f64> = q.iter().filter_map(|(_, _, r)| *r).collect();
+            if !served.is_empty() {
+                missing[tier.index()] =
+                    served.iter().filter(|r| **r > 1.0).count() as f64 / served.len() as f64;
+            }
+            // Until requests admitted after the rise report, the window's median stands in for
+            // their service time (the queue delay is added on top), but only while vLLM still
+            // queues: then the contention that produced it is still there. The median, not the
+            // quantile: the slow tail of the old answers is the queueing the delay already counts.
+            let queuing = delay_ms.is_some_and(|d| d > 0.0);
+            let fresh =
+                quantile(self.last_change).or_else(|| quantile_at(0, 0.5).filter(|_| queuing));
+            // The leading reading: the same quantile with the requests still running counted
+            // at their age so far (a lower bound on their latency). A request stuck in a queue
+            // shows here from the moment it is older than the margin, not when it ends.
+            let lead = censored_quantile(q, &pending[tier.index()], self.last_change, tuning);
+            let lead = lead.filter(|_| tuning.lead);
+            lead_ratio[tier.index()] = lead;
+            latency_ms[tier.index()] = whole.map(|r| r * target);
+            headroom[tier.index()] = either(room(fresh), lead.map(|l| spend(l, 0.0)), f64::min);
+            // Relaxing needs latencies: a queue delay alone never proves there is room.
+            relax_headroom[tier.index()] = whole.and(room(whole));
+            let since_rise = quantile(self.last_change);
+            fresh_headroom[tier.index()] = since_rise.and(room(since_rise));
+            // Since vLLM's queue emptied: what the requests admitted into an empty queue
+            // report, finished or still running at their age so far.
+            drained_headroom[tier.index()] = drained
+                .and_then(|since| censored_quantile(q, &pending[tier.index()], since, tuning))
+                .map(|r| spend(r, 0.0));
+        }
+        let recent = &self.recent;
+        let has_traffic = |t: Tier| !recent[t.index()].is_empty() || !pending[t.index()].is_empty();
+        let protects = |i: usize, t: Tier| {
+            let s = steps[i];
+            match s.kind {
+                StepKind::Shed => rank(t) > rank(s.tier),
+                _ => rank(t) >= rank(s.tier),
+            }
+        };
+        // Step `i` may be relaxed when every protected tier present on the pool shows enough
+        // headroom. A tier whose target is below its unloaded latency holds nothing up (no
+        // shedding buys it its target), and one with no reading yet holds nothing up while
+        // vLLM queues nothing: a tier that is being shed reports no latencies, and the level
+        // must not stay up for want of them.
+        let relaxable = |i: usize| {
+            let enough = |readings: &[Option<f64>; 3]| {
+                Tier::ALL
+                    .into_iter()
+                    .filter(|t| protects(i, *t) && has_traffic(*t) && !unattainable[t.index()])
+                    .all(|t| match readings[t.index()] {
+                        Some(h) => h >= tuning.relax_above,
+                        None => no_queue,
+                    })
+            };
+            enough(&relax_headroom)
+                || (no_queue && enough(&fresh_headroom))
+                || (drained.is_some() && enough(&drained_headroom))
+        };
+        let n = steps.len() as f64;
+        self.level = self.level.min(n);
+
+        let rail = rail_of(tuning, signals);
+        let full = signals
+            .pressure
+            .zip(tuning.shape_pressure_at)
+            .is_some_and(|(p, at)| p >= at);
+        let floor = shape_floor(&steps);
+        // A nearly full cache keeps the shaping steps: only what lies above them may fall.
+        let keep = if full { floor } else { 0.0 };
+        // Calm: vLLM says nothing waits and its cache is below the shaping floor. Then no
+        // request waits anywhere that a refusal here would shorten: a latency over the
+        // baseline without a queue is the batch's own pace (or a slow GPU), and shedding for
+        // it was measured to cost lower tiers far more than it bought (bench/RESULTS.md).
+        // Unknown queue signals are not calm: then the latencies alone must speak.
+        let calm = no_queue && !full;
+        let mut moved = Movement::Hold;
+        if let Some(kind) = rail {
+            let floor = rail_level(&steps);
+            if self.level < floor {
+                self.level = floor;
+                self.last_rise = Some(now);
+                self.last_change = now;
+            }
+            moved = Movement::Rail(kind);
+        } else if idle {
+            if self.level > 0.0 {
+                self.level = 0.0;
+                moved = Movement::Idle;
+            }
+        } else {
+            // The floor answers the cache, not a latency: the requests admitted before it
+            // still say how the tiers fare, so the evidence is not restarted.
+            if full && self.level < floor {
+                self.level = floor;
+                self.last_rise = Some(now);
+                moved = Movement::Shape;
+            }
+            // Escalate into the first step (at or above the level) whose tier has traffic here.
+            let mut i = self.level.floor() as usize;
+            while i < steps.len() && !has_traffic(steps[i].tier) {
+                i += 1;
+            }
+            // Each protected tier short of headroom asks for a rise in proportion to its
+            // shortfall, up to the first step that does not protect it (an overshoot must not
+            // shed a tier for its own latency either); the largest rise wins. A tier that
+            // misses its target unloaded asks for nothing: no shedding gets it there. Nor does
+            // anyone while vLLM shows that nothing queues: latency without a queue is the
+            // batch's own pace, which refusing requests here would not buy back.
+            let base = self.level.max(i as f64);
+            let rise = Tier::ALL
+                .into_iter()
+                .filter(|t| !calm && i < steps.len() && protects(i, *t))
+                .filter(|t| !unattainable[t.index()])
+                .filter_map(|t| headroom[t.index()].map(|h| (t, h)))
+                .filter(|(_, h)| *h < tuning.escalate_below)
+                .map(|(t, h)| {
+                    let up = (tuning.rise_gain * (tuning.escalate_below - h))
+                        .clamp(tuning.min_step_up, tuning.max_step_up);
+                    let ceiling = (i..steps.len())
+                        .find(|j| !protects(*j, t))
+                        .map_or(n, |j| j as f64);
+                    (t, h, (base + up).min(ceiling))
+                })
+                .max_by(|a, b| a.2.total_cmp(&b.2));
+            let held = self
+                .last_rise
+                .is_some_and(|t| now.saturating_sub(t) < tuning.hold_ms);
+            if let Some((tier, h, risen)) = rise {
+                self.level = risen;
+                self.last_rise = Some(now);
+                self.last_change = now;
+                moved = Movement::Up { tier, headroom: h };
+            } else if self.level > keep && !held {
+                // Relax the highest step in force, skipping steps nobody on this pool takes,
+                // but never below the shaping floor a full cache keeps.
+                let mut top = self.level.ceil() as usize;
+                while top > 0 && !has_traffic(steps[top - 1].tier) {
+                    top -= 1;
+                }
+                let before = self.level;
+                self.level = self.level.min(top as f64).max(keep);
+                if calm {
+                    // Nothing queues: the level has no reason to be up, so it falls to a third
+                    // each sample (from the top of the ladder to 0 in three).
+                    let third = self.level / 3.0;
+                    self.level = if third < CALM_SNAP { 0.0 } else { third }.max(keep);
+                } else if self.level > keep && (top == 0 || relaxable(top - 1)) {
+                    // Down by step_down, faster with ample headroom: up to 4× at twice
+                    // relax_above.
+                    let h = Tier::ALL
+                        .into_iter()
+                        .filter(|t| top > 0 && protects(top - 1, *t))
+                        .filter_map(|t| {
+                            either(
+                                relax_headroom[t.index()],
+                                drained_headroom[t.index()],
+                                f64::max,
+                            )
+                        })
+                        .fold(2.0 * tuning.relax_above, f64::min);
+                    let speed = (h / tuning.relax_above.max(0.05)).clamp(1.0, 4.0);
+                    self.level = (self.level - tuning.step_down * speed).max(keep);
+                }
+                if self.level < before {
+                    moved = if calm { Movement::Calm } else { Movement::Down };
+                }
+            }
+        }
+        // A pool is too full to take fallback traffic once a tier it serves is close to its
+        // target (a tenth of it left), not merely below the escalation margin: the fallback is
+        // worth some of the lowest tier's slack.
+        // What `/status` shows: the window's reading, or the queue delay's when no latency is in.
+        let shown: [Option<f64>; 3] =
+            Tier::ALL.map(|t| relax_headroom[t.index()].or(headroom[t.index()]));
+        let saturated = shown
+            .iter()
+            .zip(unattainable)
+            .any(|(h, u)| !u && h.is_some_and(|h| h < SATURATED_BELOW))
+            || missing
+                .iter()
+                .zip(unattainable)
+                .any(|(m, u)| !u && *m > SATURATED_MISSING);
+        let short = matches!(moved, Movement::Up { .. } | Movement::Rail(_));
+        let work_limit = if tuning.work_gate {
+            self.work
+                .sample(signals.inflight_work, short, now, tuning.hold_ms)
+        } else {
+            None
+        };
+        PoolControl {
+            level: self.level,
+            steps,
+            headroom: shown,
+            latency_ms,
+            lead_ms: Tier::ALL.map(|t| {
+                lead_ratio[t.index()].map(|r| r * rules.tier(t).sla_target_ms.max(1) as f64)
+            }),
+            delay_ms,
+            rail,
+            shaping: full && rail.is_none(),
+            moved,
+            saturated,
+            work_limit,
+            inflight_work: signals.inflight_work,
+            unloaded_ms,
+            unattainable,
+            idle,
+        }
+    }
+}
+
+/// Two readings joined by `join` when both are known, else whichever is.
+fn either(a: Option<f64>, b: Option<f64>, join: fn(f64, f64) -> f64) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(join(a, b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The `tuning.quantile` of a tier's latency ratios over the requests that started at or after
+/// `since`: the finished ones as they ended and the ones still running (`pending`) at their age
+/// so far. A running request's age is a lower bound on its latency, so this reading only ever
+/// underestimates the quantile those requests will end with, and it sees a queue build up while
+/// the requests stuck in it are still waiting. `None` below `min_samples`.
+fn censored_quantile(
+    finished: &VecDeque<(Millis, Millis, Option<f64>)>,
+    pending: &[(Millis, f64)],
+    since: Millis,
+    tuning: &AdaptiveTuning,
+) -> Option<f64> {
+    let running = pending
+        .iter()
+        .filter(|(started, _)| *started >= since)
+        .map(|(_, r)| *r);
+    let v = started_since(finished, since).chain(running).collect();
+    quantile_of(v, tuning.quantile, tuning.min_samples)
+}
+
+/// The latency ratios of the finished requests that started at or after `since`.
+fn started_since(
+    finished: &VecDeque<(Millis, Millis, Option<f64>)>,
+    since: Millis,
+) -> impl Iterator<Item = f64> + '_ {
+    finished
+        .iter()
+        .filter(move |(_, started, _)| *started >= since)
+        .filter_map(|(_, _, r)| *r)
+}
+
+/// The `level` quantile of `v`; `None` below `min_samples` values.
+fn quantile_of(mut v: Vec<f64>, level: f64, min_samples: usize) -> Option<f64> {
+    (v.len() >= min_samples.max(1)).then(|| {
+        let idx = ((v.len() as f64 * level).ceil() as usize).clamp(1, v.len()) - 1;
+        // The same value a full sort puts there, in linear time: the window holds every
+        // request of the last few seconds, and this runs once a sample per tier and pool.
+        *v.select_nth_unstable_by(idx, f64::total_cmp).1
+    })
+}
+
+/// The hard rail a pool's own signals trip, if any (KV usage first).
+pub fn rail_of(tuning: &AdaptiveTuning, signals: &PoolSignals) -> Option<RailKind> {
+    match (signals.pressure, signals.queue_depth) {
+        (Some(p), _) if tuning.rail_pressure_at.is_some_and(|r| p >= r) => Some(RailKind::Pressure),
+        (_, Some(q)) if tuning.rail_queue_depth_at.is_some_and(|r| q >= r) => {
+            Some(RailKind::QueueDepth)
+        }
+        _ => None,
+    }
+}
+
+/// A request's ticket from its id (FNV-1a): a request keeps its place in its tier's shares
+/// however often the policy is asked, and ids spread evenly.
+pub fn ticket_of(request_id: &str) -> u64 {
+    request_id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A request's ticket as a uniform draw in [0, 1): the same ticket always gives the same draw.
+pub fn draw(ticket: u64) -> f64 {
+    // splitmix64's finaliser: consecutive tickets spread over the whole range.
+    let mut z = ticket.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(at: Millis, tier: Tier, latency_ms: f64) -> Outcome {
+        Outcome::served(at, tier, latency_ms)
+    }
+
+    fn batch(at: Millis, tier: Tier, latency_ms: f64, n: usize) -> Vec<Outcome> {
+        (0..n).map(|_| served(at, tier, latency_ms)).collect()
+    }
+
+    #[test]
+    fn the_quantile_is_the_nearest_rank_of_the_sorted_window() {
+        // A fixed pseudo-random window with ties; the nearest-rank quantile of its sorted copy.
+        let mut x = 7u64;
+        let window: Vec<f64> = (0..997)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) % 300) as f64 / 100.0
+            })
+            .collect();
+        let mut sorted = window.clone();
+        sorted.sort_by(f64::total_cmp);
+        for level in [0.0, 0.5, 0.9, 0.99, 1.0] {
+            let rank = (997.0_f64 * level).ceil().clamp(1.0, 997.0) as usize;
+            assert_eq!(
+                quantile_of(window.clone(), level, 4),
+                Some(sorted[rank - 1]),
+                "{level}"
+            );
+        }
+        assert_eq!(quantile_of(vec![1.0, 2.0, 3.0], 0.9, 4), None, "too few");
+        assert_eq!(quantile_of(vec![3.0, 1.0, 2.0, 4.0], 0.5, 4), Some(2.0));
+    }
+
+    /// A pool's signals with only its KV usage known.
+    fn kv(pressure: f64) -> PoolSignals {
+        PoolSignals {
+            pressure: Some(pressure),
+            ..Default::default()
+        }
+    }
+
+    /// Round numbers, so each test can state its arithmetic; the shipped defaults are checked
+    /// end to end by the benchmarks.
+    fn tuning() -> AdaptiveTuning {
+        AdaptiveTuning {
+            escalate_below: 0.2,
+            relax_above: 0.35,
+            rise_gain: 2.0,
+            max_step_up: 1.0,
+            min_step_up: 0.25,
+            step_down: 0.1,
+            ..AdaptiveTuning::default()
+        }
+    }
+
+    #[test]
+    fn the_shipped_ladder_caps_then_falls_back_then_sheds_lowest_first() {
+        let names: Vec<String> = ladder(&PolicyRules::default(), Pool::OnDemand)
+            .iter()
+            .map(|s| format!("{} {}", s.tier, s.kind.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "Standard cap",
+                "Standard brownout",
+                "Standard fallback",
+                "Best-Effort shed",
+                "Standard shed",
+                "Guaranteed cap"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_tier_is_not_shed_for_its_own_latency() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let mut c = PoolController::new();
+        // Best-Effort alone on the pool, every request twice its target.
+        for s in 1..=10 {
+            let ctl = c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &PoolSignals::default(),
+                &batch(s * 1000, Tier::BestEffort, 1000.0, 10),
+                s * 1000,
+            );
+            assert_eq!(ctl.shares(Tier::BestEffort).shed, 0.0, "sample {s}");
+        }
+        assert!(c
+            .observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &PoolSignals::default(),
+                &[],
+                11_000
+            )
+            .headroom[2]
+            .is_some_and(|h| h < 0.0));
+    }
+
+    #[test]
+    fn guaranteed_short_of_headroom_caps_standard_then_sheds_best_effort() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let mut c = PoolController::new();
+        let mut ctl = None;
+        // 20 % over target: each sample rises 2 × (0.2 + 0.2) = 0.8 steps. Samples are 3 s
+        // apart so each batch started after the previous rise (older ones are no evidence).
+        for s in 1..=4 {
+            let at = s * 3000;
+            let mut o = batch(at, Tier::Guaranteed, 2400.0, 10);
+            o.extend(batch(at, Tier::Standard, 400.0, 10));
+            o.extend(batch(at, Tier::BestEffort, 300.0, 10));
+            ctl = Some(c.observe(Pool::OnDemand, &rules, &t, &PoolSignals::default(), &o, at));
+        }
+        let ctl = ctl.unwrap();
+        assert!(matches!(
+            ctl.moved,
+            Movement::Up {
+                tier: Tier::Guaranteed,
+                ..
+            }
+        ));
+        let st = ctl.shares(Tier::Standard);
+        let applied = (st.cap, st.brownout, st.fallback, st.shed);
+        assert_eq!(applied, (1.0, 1.0, 1.0, 0.0), "{ctl:?}");
+        assert!(
+            (ctl.shares(Tier::BestEffort).shed - 0.2).abs() < 1e-9,
+            "{ctl:?}"
+        );
+        assert_eq!(ctl.shares(Tier::Guaranteed), Shares::default());
+    }
+
+    /// Standard far over its own target while Best-Effort is partly shed: the rise it asks for
+    /// (capped at one step here) would run into Standard's own shed step; it stops before it.
+    #[test]
+    fn a_tier_short_of_headroom_never_pushes_the_level_into_its_own_shed_step() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let steps = ladder(&rules, Pool::OnDemand);
+        let std_shed = steps
+            .iter()
+            .position(|s| (s.tier, s.kind) == (Tier::Standard, StepKind::Shed))
+            .unwrap();
+        // Half a step below Standard's shed step, with Guaranteed answering in `g_ms`.
+        let observe = |g_ms: f64| {
+            let mut c = PoolController::new();
+            c.level = std_shed as f64 - 0.5;
+            let mut o = batch(3000, Tier::Guaranteed, g_ms, 10);
+            o.extend(batch(3000, Tier::Standard, 1500.0, 10));
+            o.extend(batch(3000, Tier::BestEffort, 200.0, 10));
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &PoolSignals::default(),
+                &o,
+                3000,
+            )
+        };
+        let ctl = observe(500.0);
+        let by_standard = matches!(
+            ctl.moved,
+            Movement::Up {
+                tier: Tier::Standard,
+                ..
+            }
+        );
+        assert!(by_standard, "{ctl:?}");
+        assert_eq!(ctl.level, std_shed as f64, "{ctl:?}");
+        assert_eq!(ctl.shares(Tier::Standard).shed, 0.0);
+        assert_eq!(ctl.shares(Tier::BestEffort).shed, 1.0);
+        // Guaranteed short as well: its rise goes on into Standard's shed step.
+        let ctl = observe(2500.0);
+        assert!(ctl.shares(Tier::Standard).shed > 0.0, "{ctl:?}");
+    }
+
+    #[test]
+    fn recovery_is_slow_and_held_after_a_rise() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let none = PoolSignals::default();
+        let mixed = |at: Millis, g_ms: f64| {
+            let mut o = batch(at, Tier::Guaranteed, g_ms, 10);
+            o.extend(batch(at, Tier::Standard, 300.0, 10));
+            o
+        };
+        // A controller that has just risen on Guaranteed answers 50 % over target.
+        let risen_at_1s = || {
+            let mut c = PoolController::new();
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &none,
+                &mixed(1000, 3000.0),
+                1000,
+            );
+            c
+        };
+        let mut c = risen_at_1s();
+        let risen = c.level();
+        assert_eq!(risen, 1.0, "a deep shortfall rises a whole step");
+        // Fast, healthy answers once the old ones left the window: down by step_down, faster
+        // with ample headroom (at most 4×).
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &none, &mixed(6000, 100.0), 6000);
+        assert_eq!(ctl.moved, Movement::Down);
+        let fell = risen - c.level();
+        assert!(fell >= t.step_down && fell <= 4.0 * t.step_down, "{fell}");
+        // Within hold_ms of a rise the level stays, even with good news.
+        let mut c2 = risen_at_1s();
+        let held = c2.observe(Pool::OnDemand, &rules, &t, &none, &[], 2000);
+        assert_eq!((held.moved, c2.level()), (Movement::Hold, 1.0));
+    }
+
+    #[test]
+    fn requests_started_before_a_rise_are_no_evidence_against_it() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let none = PoolSignals::default();
+        let mut c = PoolController::new();
+        let mut o = batch(1000, Tier::Guaranteed, 3000.0, 10);
+        o.extend(batch(1000, Tier::Standard, 300.0, 10));
+        c.observe(Pool::OnDemand, &rules, &t, &none, &o, 1000);
+        assert_eq!(c.level(), 1.0);
+        // Late answers of requests admitted before the rise: no second rise on them.
+        let late = batch(2500, Tier::Guaranteed, 2500.0, 10);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &none, &late, 2500);
+        assert_eq!((ctl.moved, c.level()), (Movement::Hold, 1.0));
+        // Slow answers of requests admitted after it are evidence.
+        let fresh = batch(3500, Tier::Guaranteed, 2400.0, 10);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &none, &fresh, 3500);
+        assert!(matches!(ctl.moved, Movement::Up { .. }), "{ctl:?}");
+    }
+
+    #[test]
+    fn the_queue_delay_counts_before_any_completion() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let mut c = PoolController::new();
+        let arrived = [Outcome::arrival(1000, Tier::Guaranteed)];
+        let sig = PoolSignals {
+            queue_time_ms: Some(1800.0),
+            ..Default::default()
+        };
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &sig, &arrived, 1000);
+        assert!((ctl.headroom[0].unwrap() - 0.1).abs() < 1e-9);
+        assert!(ctl.level > 0.0);
+    }
+
+    /// The interval's mean wait with nobody waiting now is the backlog that just drained: a
+    /// request arriving now meets no queue, so it raises nothing.
+    #[test]
+    fn a_drained_queue_delays_nobody() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let arrived = [Outcome::arrival(1000, Tier::Guaranteed)];
+        let at = |waiting| {
+            let sig = PoolSignals {
+                queue_time_ms: Some(1800.0),
+                queue_depth: Some(waiting),
+                ..Default::default()
+            };
+            PoolController::new().observe(Pool::OnDemand, &rules, &t, &sig, &arrived, 1000)
+        };
+        let drained = at(0.0);
+        assert_eq!((drained.delay_ms, drained.level), (Some(0.0), 0.0));
+        let queued = at(3.0);
+        assert_eq!(queued.delay_ms, Some(1800.0));
+        assert!(queued.level > 0.0);
+    }
+
+    /// The leading reading: Guaranteed requests stuck for 90 % of their target raise the level
+    /// while not one of them has answered yet; without it the controller would wait for them.
+    #[test]
+    fn the_level_rises_before_any_request_completes_when_in_flight_requests_age() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let none = PoolSignals::default();
+        let run = |t: &AdaptiveTuning| {
+            let mut c = PoolController::new();
+            let mut arrived: Vec<Outcome> = (0..10)
+                .map(|_| Outcome::arrival(1000, Tier::Guaranteed))
+                .collect();
+            arrived.extend((0..10).map(|_| Outcome::arrival(2700, Tier::Standard)));
+            c.observe(Pool::OnDemand, &rules, t, &none, &arrived, 1000);
+            // 1.8 s later: every one of them still running, the Guaranteed ones at 0.9 of
+            // their 2 s target, Standard's just sent.
+            let mut running: Vec<Outcome> = (0..10)
+                .map(|_| Outcome::pending(2800, Tier::Guaranteed, 1800.0))
+                .collect();
+            running.extend((0..10).map(|_| Outcome::pending(2800, Tier::Standard, 100.0)));
+            c.observe(Pool::OnDemand, &rules, t, &none, &running, 2800)
+        };
+        let ctl = run(&t);
+        assert!(
+            matches!(
+                ctl.moved,
+                Movement::Up {
+                    tier: Tier::Guaranteed,
+                    ..
+                }
+            ),
+            "{ctl:?}"
+        );
+        assert!(ctl.level > 0.0 && ctl.shares(Tier::Standard).cap > 0.0);
+        assert_eq!(ctl.lead_ms[0], Some(1800.0));
+        let lagging = run(&AdaptiveTuning {
+            lead: false,
+            ..t.clone()
+        });
+        assert_eq!((lagging.level, lagging.moved), (0.0, Movement::Hold));
+    }
+
+    /// Requests still running count for the sample that reports them only: once they have
+    /// ended (and said nothing more), they no longer hold the level up.
+    #[test]
+    fn running_requests_are_not_remembered() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let mut c = PoolController::new();
+        let none = PoolSignals::default();
+        let stuck: Vec<Outcome> = (0..10)
+            .map(|_| Outcome::pending(1000, Tier::Guaranteed, 1900.0))
+            .collect();
+        let first = c.observe(Pool::OnDemand, &rules, &t, &none, &stuck, 1000);
+        assert!(first.lead_ms[0].is_some());
+        let later = c.observe(Pool::OnDemand, &rules, &t, &none, &[], 1500);
+        assert_eq!(later.lead_ms[0], None);
+    }
+
+    /// After a rise, the requests admitted while vLLM still queued finish late for a while; once
+    /// its queue is empty, the requests admitted since speak for the level in force. With the
+    /// cache still full (the shaping floor held, so not calm), they let the steps above the
+    /// floor go while the window still holds the late answers.
+    #[test]
+    fn the_level_relaxes_once_the_queue_drains_on_what_was_admitted_since() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let floor = shape_floor(&ladder(&rules, Pool::OnDemand));
+        let signals = |waiting: f64| PoolSignals {
+            pressure: Some(95.0),
+            queue_time_ms: Some(0.0),
+            queue_depth: Some(waiting),
+            ..Default::default()
+        };
+        let mut c = PoolController::new();
+        let mut o = batch(1000, Tier::Guaranteed, 3000.0, 10);
+        o.extend(batch(1000, Tier::Standard, 300.0, 10));
+        o.extend(batch(1000, Tier::BestEffort, 300.0, 10));
+        c.level = floor + 1.0;
+        c.observe(Pool::OnDemand, &rules, &t, &signals(2.0), &o, 1000);
+        let risen = c.level();
+        assert!(risen > floor + 1.0);
+        // Admitted behind the queue, answered late (the window keeps them for 3 s).
+        let late = batch(2000, Tier::Guaranteed, 1900.0, 10);
+        c.observe(Pool::OnDemand, &rules, &t, &signals(2.0), &late, 2000);
+        // The queue empties at 2.5 s; what was admitted since is quick.
+        c.observe(Pool::OnDemand, &rules, &t, &signals(0.0), &[], 2500);
+        let mut quick = batch(3600, Tier::Guaranteed, 600.0, 10);
+        quick.extend(batch(3600, Tier::Standard, 200.0, 10));
+        quick.extend(batch(3600, Tier::BestEffort, 200.0, 10));
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &signals(0.0), &quick, 3600);
+        assert!(ctl.latency_ms[0].is_some_and(|ms| ms > 1800.0), "{ctl:?}");
+        assert_eq!(ctl.moved, Movement::Down);
+        assert!(c.level() < risen && c.level() >= floor, "{}", c.level());
+    }
+
+    /// One tier's life on a pool with its target at `x` times its unloaded latency: quiet (the
+    /// baseline is learned), then congested (vLLM queues, answers take twice the target, the
+    /// level rises), then the queue empties and answers are back to the unloaded latency with
+    /// the cache half full. Returns the level at each sample after the queue emptied.
+    fn congestion_then_calm(x: f64, kv_after: f64) -> Vec<(Millis, f64)> {
+        let unloaded = 1000.0;
+        let mut rules = PolicyRules::default();
+        for (tier, ms) in [
+            (Tier::Guaranteed, unloaded * x),
+            (Tier::Standard, unloaded * x),
+            (Tier::BestEffort, unloaded * x),
+        ] {
+            rules.tiers[tier.index()].sla_target_ms = ms as u64;
+        }
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let sig = |pressure: f64, waiting: f64, delay: f64| PoolSignals {
+            pressure: Some(pressure),
+            queue_depth: Some(waiting),
+            queue_time_ms: Some(delay),
+            ..Default::default()
+        };
+        let all = |at: Millis, ms: f64| -> Vec<Outcome> {
+            Tier::ALL
+                .into_iter()
+                .flat_map(|tier| batch(at, tier, ms, 6))
+                .collect()
+        };
+        let mut at = 0;
+        for _ in 0..20 {
+            at += 500;
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &sig(30.0, 0.0, 0.0),
+                &all(at, unloaded),
+                at,
+            );
+        }
+        assert!(c.baseline[0].ms.is_some_and(|b| (b - unloaded).abs() < 1.0));
+        for _ in 0..10 {
+            at += 500;
+            let late = all(at, 2.0 * unloaded * x);
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &sig(85.0, 8.0, unloaded * x),
+                &late,
+                at,
+            );
+        }
+        assert!(
+            c.level() > 2.0,
+            "x = {x}: congestion raised the level to {}",
+            c.level()
+        );
+        (0..12)
+            .map(|_| {
+                at += 500;
+                let quick = all(at, unloaded);
+                c.observe(
+                    Pool::OnDemand,
+                    &rules,
+                    &t,
+                    &sig(kv_after, 0.0, 0.0),
+                    &quick,
+                    at,
+                );
+                (at, c.level())
+            })
+            .collect()
+    }
+
+    /// The grid: whatever the targets' distance from the unloaded latency, the level is
+    /// back at 0 within 3 s of vLLM's queue emptying (here with the cache at 60 %, so the idle
+    /// rule does not do it alone), and stays there.
+    #[test]
+    fn the_level_returns_to_zero_within_three_seconds_of_the_queue_emptying_whatever_the_targets() {
+        for x in [1.3, 1.6, 2.0, 4.0, 10.0] {
+            let after = congestion_then_calm(x, 60.0);
+            let emptied = after[0].0 - 500;
+            let zero = after
+                .iter()
+                .find(|(_, l)| *l == 0.0)
+                .map(|(t, _)| t - emptied);
+            assert!(zero.is_some_and(|ms| ms <= 3000), "x = {x}: {after:?}");
+            assert!(
+                after
+                    .iter()
+                    .skip_while(|(_, l)| *l > 0.0)
+                    .all(|(_, l)| *l == 0.0),
+                "x = {x}: {after:?}"
+            );
+        }
+    }
+
+    /// Idle means open: with nothing waiting in vLLM and its cache below 50 %, the level is 0
+    /// once that has lasted `idle_release_ms`, even within `hold_ms` of a rise and with
+    /// latencies that never reported well.
+    #[test]
+    fn an_idle_pool_refuses_and_caps_nobody() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        c.level = 5.0;
+        c.last_rise = Some(900);
+        let idle = PoolSignals {
+            pressure: Some(20.0),
+            queue_depth: Some(0.0),
+            queue_time_ms: Some(0.0),
+            ..Default::default()
+        };
+        // Guaranteed's window still holds answers twice its target.
+        let slow = batch(1000, Tier::Guaranteed, 4000.0, 10);
+        let first = c.observe(Pool::OnDemand, &rules, &t, &idle, &slow, 1000);
+        assert!(!first.idle);
+        let ctl = c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &idle,
+            &[],
+            1000 + t.idle_release_ms,
+        );
+        assert!(ctl.idle);
+        assert_eq!(ctl.level, 0.0);
+        for tier in Tier::ALL {
+            assert_eq!(ctl.shares(tier), Shares::default(), "{tier}");
+        }
+    }
+
+    /// A shed tier reports no latencies, and a protected tier with too few answers reports no
+    /// quantile: neither may hold the level up while vLLM queues nothing.
+    #[test]
+    fn a_level_is_never_held_up_by_missing_samples() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let steps = ladder(&rules, Pool::OnDemand);
+        let std_shed = steps
+            .iter()
+            .position(|s| (s.tier, s.kind) == (Tier::Standard, StepKind::Shed))
+            .unwrap();
+        let mut c = PoolController::new();
+        c.level = (std_shed + 1) as f64;
+        // The cache is busy (not idle) but nothing queues.
+        let busy = PoolSignals {
+            pressure: Some(70.0),
+            queue_depth: Some(0.0),
+            queue_time_ms: Some(0.0),
+            ..Default::default()
+        };
+        let mut at = 0;
+        let mut levels = Vec::new();
+        for _ in 0..8 {
+            at += 500;
+            // Standard and Best-Effort only arrive (they are refused), Guaranteed has two
+            // answers in the window: below min_samples.
+            let mut o: Vec<Outcome> = [Tier::Standard, Tier::BestEffort]
+                .into_iter()
+                .map(|tier| Outcome::arrival(at, tier))
+                .collect();
+            o.extend(batch(
+                at,
+                Tier::Guaranteed,
+                900.0,
+                usize::from(at % 1500 == 0),
+            ));
+            levels.push(c.observe(Pool::OnDemand, &rules, &t, &busy, &o, at).level);
+        }
+        assert_eq!(levels.last(), Some(&0.0), "{levels:?}");
+    }
+
+    /// A target tighter than the tier's unloaded latency: no shedding gets it there, so the
+    /// tier is reported and raises nothing, even while vLLM queues.
+    #[test]
+    fn a_target_below_the_unloaded_latency_is_reported_and_sheds_nobody() {
+        let mut rules = PolicyRules::default();
+        rules.tiers[Tier::Guaranteed.index()].sla_target_ms = 1000;
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let sig = |waiting: f64| PoolSignals {
+            pressure: Some(60.0),
+            queue_depth: Some(waiting),
+            queue_time_ms: Some(waiting * 10.0),
+            ..Default::default()
+        };
+        let mut at = 0;
+        let mut ctl = None;
+        for i in 0..20 {
+            at += 500;
+            let o = batch(at, Tier::Guaranteed, 1200.0 + f64::from(i % 3) * 50.0, 8);
+            let waiting = if i < 10 { 0.0 } else { 2.0 };
+            ctl = Some(c.observe(Pool::OnDemand, &rules, &t, &sig(waiting), &o, at));
+        }
+        let ctl = ctl.unwrap();
+        assert!(ctl.unattainable[0], "{ctl:?}");
+        assert!(ctl.unloaded_ms[0].is_some_and(|ms| ms >= 1200.0));
+        assert_eq!(ctl.level, 0.0, "{ctl:?}");
+    }
+
+    /// Headroom is the share of the tier's queueing budget (target less unloaded latency)
+    /// left: 1 on an unloaded fleet however close the target is, 0.5 once queueing has added
+    /// half of the budget.
+    #[test]
+    fn headroom_is_measured_against_what_queueing_adds_to_the_unloaded_latency() {
+        let rules = PolicyRules::default();
+        // The queue's growth is looked at in its own test below.
+        let t = AdaptiveTuning {
+            queue_lookahead_samples: 0.0,
+            ..AdaptiveTuning::default()
+        };
+        let mut c = PoolController::new();
+        let sig = |delay: f64, waiting: f64| PoolSignals {
+            pressure: Some(40.0),
+            queue_depth: Some(waiting),
+            queue_time_ms: Some(delay),
+            ..Default::default()
+        };
+        let mut at = 0;
+        let mut ctl = None;
+        for _ in 0..10 {
+            at += 500;
+            let o = batch(at, Tier::Guaranteed, 1150.0, 8);
+            ctl = Some(c.observe(Pool::OnDemand, &rules, &t, &sig(0.0, 0.0), &o, at));
+        }
+        // Guaranteed's target is 2000 ms: the old margin would have read 1 - 1150/2000 = 0.43.
+        let h = ctl.unwrap().headroom[0].unwrap();
+        assert!((h - 1.0).abs() < 1e-9, "{h}");
+        at += 500;
+        let o = batch(at, Tier::Guaranteed, 1150.0, 8);
+        let ctl = c.observe(Pool::OnDemand, &rules, &t, &sig(425.0, 3.0), &o, at);
+        let h = ctl.headroom[0].unwrap();
+        assert!((h - 0.5).abs() < 1e-9, "{h}");
+    }
+
+    /// A queue whose delay grows is read ahead for Guaranteed, which waits behind everything
+    /// in vLLM's FCFS queue: a delay grown from 200 to 400 ms in a sample reads as 800 ms two
+    /// samples on, so the level rises a sample earlier than on 400 ms alone.
+    #[test]
+    fn guaranteed_reads_a_growing_queue_ahead() {
+        let rules = PolicyRules::default();
+        let run = |lookahead: f64| {
+            let t = AdaptiveTuning {
+                queue_lookahead_samples: lookahead,
+                ..AdaptiveTuning::default()
+            };
+            let mut c = PoolController::new();
+            let sig = |delay: f64| PoolSignals {
+                pressure: Some(60.0),
+                queue_depth: Some(if delay > 0.0 { 4.0 } else { 0.0 }),
+                queue_time_ms: Some(delay),
+                ..Default::default()
+            };
+            let mut at = 0;
+            for _ in 0..10 {
+                at += 500;
+                let o = batch(at, Tier::Guaranteed, 1150.0, 8);
+                c.observe(Pool::OnDemand, &rules, &t, &sig(0.0), &o, at);
+            }
+            for delay in [200.0, 400.0] {
+                at += 500;
+                let o = batch(at, Tier::Guaranteed, 1150.0, 8);
+                c.observe(Pool::OnDemand, &rules, &t, &sig(delay), &o, at);
+            }
+            c.level()
+        };
+        assert_eq!(run(0.0), 0.0, "400 ms of a 850 ms budget is no shortfall");
+        assert!(run(2.0) > 0.0, "800 ms ahead is");
+    }
+
+    #[test]
+    fn a_rail_sheds_every_lower_tier_at_once_and_never_guaranteed() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let ctl = PoolController::new().observe(Pool::OnDemand, &rules, &t, &kv(100.0), &[], 1000);
+        assert_eq!(ctl.rail, Some(RailKind::Pressure));
+        assert_eq!(ctl.shares(Tier::BestEffort).shed, 1.0);
+        assert_eq!(ctl.shares(Tier::Standard).shed, 1.0);
+        assert_eq!(ctl.shares(Tier::Guaranteed), Shares::default());
+    }
+
+    /// A nearly full cache puts every cap and brownout in force before any latency is late,
+    /// sheds nobody, holds them while it stays full, and lets them go with the latencies once
+    /// it is not.
+    #[test]
+    fn a_nearly_full_cache_shapes_at_once_and_sheds_nobody() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let mut c = PoolController::new();
+        let full = kv(92.0);
+        let quick = |at| {
+            let mut o = batch(at, Tier::Guaranteed, 200.0, 10);
+            o.extend(batch(at, Tier::Standard, 100.0, 10));
+            o
+        };
+        for at in [1000, 5000, 9000] {
+            let ctl = c.observe(Pool::OnDemand, &rules, &t, &full, &quick(at), at);
+            let std = ctl.shares(Tier::Standard);
+            assert_eq!(
+                (std.cap, std.brownout, std.fallback, std.shed),
+                (1.0, 1.0, 0.0, 0.0)
+            );
+            assert_eq!(ctl.shares(Tier::BestEffort).shed, 0.0);
+            if at == 1000 {
+                assert_eq!(ctl.moved, Movement::Shape);
+            }
+        }
+        let ctl = c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &kv(60.0),
+            &quick(13_000),
+            13_000,
+        );
+        assert_eq!(ctl.moved, Movement::Down);
+        assert!(ctl.level < shape_floor(&ctl.steps), "{}", ctl.level);
+        let off = AdaptiveTuning {
+            shape_pressure_at: None,
+            ..t
+        };
+        let ctl =
+            PoolController::new().observe(Pool::OnDemand, &rules, &off, &full, &quick(1000), 1000);
+        assert_eq!(ctl.level, 0.0, "turned off, KV alone moves nothing");
+    }
+
+    /// The report: KV steady at 92 % and Standard arriving only now and then. The floor
+    /// must not be relaxed away between two of its requests (its steps had no recent traffic),
+    /// so every sparse Standard request meets the cap.
+    #[test]
+    fn the_shaping_floor_holds_for_sparse_traffic() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let full = PoolSignals {
+            pressure: Some(92.0),
+            queue_depth: Some(0.0),
+            queue_time_ms: Some(0.0),
+            ..Default::default()
+        };
+        let floor = shape_floor(&ladder(&rules, Pool::OnDemand));
+        for i in 1..=40u64 {
+            let at = i * 500;
+            // A Standard request every 5 s, answered quickly a second later.
+            let mut o = Vec::new();
+            if i % 10 == 0 {
+                o.push(Outcome::arrival(at, Tier::Standard));
+            }
+            if i % 10 == 2 {
+                o.push(Outcome::served(at, Tier::Standard, 300.0));
+            }
+            let ctl = c.observe(Pool::OnDemand, &rules, &t, &full, &o, at);
+            assert!(ctl.level >= floor, "sample {i}: {ctl:?}");
+            assert_eq!(ctl.shares(Tier::Standard).cap, 1.0, "sample {i}");
+        }
+    }
+
+    #[test]
+    fn steps_of_absent_tiers_are_skipped() {
+        // Spot serving only Best-Effort and Standard's fallback traffic: a Standard shortfall
+        // goes straight to shedding Best-Effort, past the steps of tiers that are not there.
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let mut c = PoolController::new();
+        let mut o = batch(1000, Tier::Standard, 1500.0, 10);
+        o.extend(batch(1000, Tier::BestEffort, 200.0, 10));
+        let ctl = c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &PoolSignals::default(),
+            &o,
+            1000,
+        );
+        // Standard has traffic, so its cap step is first.
+        assert!(ctl.shares(Tier::Standard).cap > 0.0);
+        let mut c = PoolController::new();
+        let g = batch(1000, Tier::Guaranteed, 3000.0, 10);
+        let ctl = c.observe(
+            Pool::OnDemand,
+            &rules,
+            &t,
+            &PoolSignals::default(),
+            &g,
+            1000,
+        );
+        let first = ctl.steps.len() - 1;
+        assert_eq!(ctl.steps[first].tier, Tier::Guaranteed);
+        assert_eq!(
+            ctl.level,
+            (first + 1) as f64,
+            "only Guaranteed is here: its cap is the first step that applies"
+        );
+        assert_eq!(ctl.shares(Tier::Guaranteed).cap, 1.0);
+    }
+
+    #[test]
+    fn draws_are_uniform_and_deterministic() {
+        let n = 10_000;
+        let below = (0..n).filter(|i| draw(*i) < 0.3).count();
+        assert!((2800..3200).contains(&below), "{below}");
+        assert_eq!(draw(42), draw(42));
+    }
+}

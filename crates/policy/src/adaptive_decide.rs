@@ -1,0 +1,361 @@
+//! Adaptive mode, per request: route first, so a tier is judged on the pool that serves it, then
+//! place the request within its tier's shares at that pool's admission level
+//! ([`super::adaptive`]). Routing stays a QoS choice: Best-Effort leaves spot only when spot is
+//! unhealthy or past its own eviction rail, and is then judged by on-demand's controller.
+
+use crate::adaptive::{draw, PoolControl, RailKind, Shares};
+use crate::reason::Reason;
+use crate::state::{Decision, PolicyState};
+use crate::tenant_policy::PolicyRules;
+use crate::types::{Action, Pool, PressureState, RequestFacts, TierState};
+use crate::work_gate;
+
+/// The state a tier shows in `/status`, gauges and decisions: Critical while part of it is
+/// shed, Elevated while part of it is capped or moved.
+fn shown_state(s: Shares) -> PressureState {
+    if s.shed > 0.0 {
+        PressureState::Critical
+    } else if s.cap > 0.0 || s.fallback > 0.0 || s.brownout > 0.0 {
+        PressureState::Elevated
+    } else {
+        PressureState::Normal
+    }
+}
+
+/// Each tier's state on its preferred pool.
+pub(super) fn tier_states(
+    rules: &PolicyRules,
+    pools: &[PoolControl; 2],
+    tiers: &mut [TierState; 3],
+) {
+    for t in tiers.iter_mut() {
+        let pool = rules
+            .tier(t.tier)
+            .preferred_pool
+            .signal_index()
+            .unwrap_or(0);
+        t.state = shown_state(pools[pool].shares(t.tier));
+        t.fail_open = false;
+    }
+}
+
+pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFacts) -> Decision {
+    let tier = rules.tier(req.tier);
+    let (pool, route_reason) = match tier.preferred_pool {
+        Pool::Spot if !req.spot_healthy => (Pool::OnDemand, Reason::RouteSpotUnhealthy),
+        Pool::Spot if state.spot_state == PressureState::Critical => {
+            (Pool::OnDemand, Reason::RouteSpotPressure)
+        }
+        p => (p, Reason::RouteTierPool),
+    };
+    let ctl = &state.pools[pool.signal_index().unwrap_or(0)];
+    let shares = ctl.shares(req.tier);
+    let decision = |action, reason, pool, route_reason| Decision {
+        tier: req.tier,
+        state: shown_state(shares),
+        action,
+        reason,
+        pool,
+        route_reason,
+        queue_eligible: tier.queue_eligible,
+    };
+    if !req.shapeable {
+        return decision(
+            Action::Pass,
+            Reason::EndpointNotShapeable,
+            pool,
+            route_reason,
+        );
+    }
+    let u = draw(req.ticket);
+    if u < shares.shed {
+        let reason = match ctl.rail {
+            Some(RailKind::Pressure) => Reason::RailPressure,
+            Some(RailKind::QueueDepth) => Reason::RailQueueDepth,
+            None => Reason::ShedHeadroom,
+        };
+        return decision(Action::Reject, reason, pool, route_reason);
+    }
+    let brownout = tier.brownout_max_tokens.filter(|_| u < shares.brownout);
+    let cap = brownout.or(tier.max_tokens_cap.filter(|_| u < shares.cap));
+    // The fallback is other capacity only while the pool it runs on is not short itself.
+    let fallback_usable = req.fallback_available
+        && req
+            .fallback_pool
+            .and_then(Pool::signal_index)
+            .is_none_or(|i| !state.pools[i].saturated);
+    let to_fallback = |reason| {
+        let action = Action::Fallback { max_tokens: cap };
+        decision(action, reason, Pool::Fallback, Reason::RouteFallback)
+    };
+    if u < shares.fallback && fallback_usable {
+        return to_fallback(Reason::FallbackHeadroom);
+    }
+    // The work gate: what the level lets through must still fit the tier's share of the
+    // pool's learned work limit.
+    let t = &rules.adaptive;
+    let gate = work_gate::share(req.tier, t.work_share_standard, t.work_share_best_effort)
+        .filter(|_| t.work_gate && ctl.level > 0.0);
+    let inflight = if rules.spot_is_on_demand {
+        req.inflight_work.iter().sum()
+    } else {
+        req.inflight_work[pool.signal_index().unwrap_or(0)]
+    };
+    let work =
+        |cap| work_gate::work_of(req.prompt_tokens, req.max_tokens, cap, t.assumed_max_tokens);
+    let over = |cap| gate.is_some_and(|s| work_gate::over(inflight, work(cap), ctl.work_limit, s));
+    if over(cap) {
+        if let Some(max_tokens) = tier
+            .max_tokens_cap
+            .filter(|c| cap.is_none() && !over(Some(*c)))
+        {
+            let action = Action::Degrade { max_tokens };
+            return decision(action, Reason::DegradeWorkLimit, pool, route_reason);
+        }
+        if fallback_usable && tier.fallback_eligible && rules.fallback_relieves(pool) {
+            return to_fallback(Reason::FallbackWorkLimit);
+        }
+        return decision(Action::Reject, Reason::RejectWorkLimit, pool, route_reason);
+    }
+    match cap {
+        Some(max_tokens) => decision(
+            Action::Degrade { max_tokens },
+            if ctl.shaping {
+                Reason::DegradeCacheFull
+            } else if brownout.is_some() {
+                Reason::DegradeBrownout
+            } else {
+                Reason::DegradeHeadroom
+            },
+            pool,
+            route_reason,
+        ),
+        None => decision(
+            Action::Pass,
+            Reason::AdmittedWithinHeadroom,
+            pool,
+            route_reason,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::adaptive::Outcome;
+    use super::super::{PolicyEngine, PoolSignals, Tier};
+    use super::*;
+
+    fn facts(tier: Tier, ticket: u64) -> RequestFacts {
+        RequestFacts {
+            tier,
+            shapeable: true,
+            fallback_available: true,
+            spot_healthy: true,
+            fallback_pool: Some(Pool::Spot),
+            ticket,
+            prompt_tokens: 0,
+            max_tokens: None,
+            inflight_work: [0.0; 2],
+        }
+    }
+
+    fn served(at: u64, tier: Tier, latency_ms: f64, n: usize) -> Vec<Outcome> {
+        (0..n)
+            .map(|_| Outcome::served(at, tier, latency_ms))
+            .collect()
+    }
+
+    /// The complaint: on-demand hot, spot idle. Best-Effort runs on spot and keeps
+    /// being served; in thresholds mode the same state rejects it.
+    #[test]
+    fn best_effort_is_judged_on_spot_not_on_demand() {
+        let rules = PolicyRules::default();
+        let mut engine = PolicyEngine::new(rules.clone());
+        let hot = PoolSignals {
+            pressure: Some(75.0),
+            ..Default::default()
+        };
+        let idle = PoolSignals {
+            pressure: Some(10.0),
+            ..Default::default()
+        };
+        let mut od = served(1000, Tier::Guaranteed, 600.0, 10);
+        od.extend(served(1000, Tier::Standard, 500.0, 10));
+        let sp = served(1000, Tier::BestEffort, 300.0, 10);
+        let mut s = None;
+        for t in 1..=6 {
+            s = Some(engine.sample(&hot, &idle, [&od, &sp], t * 500));
+        }
+        let s = s.unwrap();
+        for ticket in 0..50 {
+            let d = decide(&s, &rules, &facts(Tier::BestEffort, ticket));
+            assert_eq!(
+                (d.action, d.reason, d.pool),
+                (Action::Pass, Reason::AdmittedWithinHeadroom, Pool::Spot)
+            );
+        }
+        let thresholds = PolicyRules {
+            mode: super::super::PolicyMode::Thresholds,
+            ..rules
+        };
+        let mut engine = PolicyEngine::new(thresholds.clone());
+        engine.observe(&hot, &idle, 1000);
+        let s = engine.observe(&hot, &idle, 2000);
+        let d = super::super::decide(&s, &thresholds, &facts(Tier::BestEffort, 0));
+        assert_eq!(d.action, Action::Reject);
+    }
+
+    /// Guaranteed close to its target on on-demand (5 % of headroom left), three samples 3 s
+    /// apart: the level climbs past Standard's cap and brownout and into its fallback step
+    /// (0.75 steps a sample at the shipped `rise_gain`). `spot_be_ms`: Best-Effort's latency on spot.
+    fn guaranteed_short(spot_be_ms: Option<f64>) -> PolicyState {
+        let mut engine = PolicyEngine::new(PolicyRules::default());
+        let sig = PoolSignals::default();
+        let mut s = None;
+        for t in 1..=3u64 {
+            let mut od = served(t * 3000, Tier::Guaranteed, 1900.0, 10);
+            od.extend(served(t * 3000, Tier::Standard, 500.0, 10));
+            let sp = spot_be_ms.map_or(Vec::new(), |ms| served(t * 3000, Tier::BestEffort, ms, 10));
+            s = Some(engine.sample(&sig, &sig, [&od, &sp], t * 3000));
+        }
+        s.unwrap()
+    }
+
+    #[test]
+    fn shares_pick_requests_by_ticket_and_nest() {
+        let rules = PolicyRules::default();
+        // Spot is idle, so the fallback is usable.
+        let s = guaranteed_short(None);
+        let shares = s.pools[0].shares(Tier::Standard);
+        assert!(shares.cap == 1.0 && shares.brownout == 1.0);
+        assert!(shares.fallback > 0.0 && shares.fallback < 1.0, "{shares:?}");
+        let mut moved = 0;
+        for ticket in 0..1000 {
+            let d = decide(&s, &rules, &facts(Tier::Standard, ticket));
+            assert_eq!(d, decide(&s, &rules, &facts(Tier::Standard, ticket)));
+            match d.action {
+                Action::Fallback { max_tokens } => {
+                    assert_eq!(max_tokens, Some(64), "a moved request keeps its caps");
+                    assert_eq!(d.pool, Pool::Fallback);
+                    moved += 1;
+                }
+                Action::Degrade { max_tokens } => assert_eq!(max_tokens, 64),
+                other => panic!("{other:?}"),
+            }
+        }
+        let expected = shares.fallback * 1000.0;
+        assert!(
+            (moved as f64 - expected).abs() < 60.0,
+            "{moved} vs {expected}"
+        );
+        // Guaranteed is untouched below its own step.
+        let g = decide(&s, &rules, &facts(Tier::Guaranteed, 7));
+        assert_eq!(g.action, Action::Pass);
+    }
+
+    /// Past its cap, Standard is capped deeper before any of it is moved or refused; the
+    /// fallback step then moves requests that keep the deeper cap, and only the shed step
+    /// refuses.
+    #[test]
+    fn standard_is_browned_out_before_it_is_moved_or_shed() {
+        use super::super::adaptive::{ladder, StepKind};
+        let rules = PolicyRules::default();
+        let steps = ladder(&rules, Pool::OnDemand);
+        let at = |k| steps.iter().position(|s| (s.tier, s.kind) == k).unwrap();
+        let b = at((Tier::Standard, StepKind::Brownout));
+        assert_eq!(b, at((Tier::Standard, StepKind::Cap)) + 1);
+        assert_eq!(b + 1, at((Tier::Standard, StepKind::Fallback)));
+        let shed_at = at((Tier::Standard, StepKind::Shed));
+        let mut s = PolicyState::initial();
+        s.pools[0] = PoolControl::idle(steps);
+        let decided = |s: &PolicyState| -> Vec<(Action, Reason)> {
+            (0..1000)
+                .map(|ticket| {
+                    let d = decide(s, &rules, &facts(Tier::Standard, ticket));
+                    (d.action, d.reason)
+                })
+                .collect()
+        };
+        let n = |v: &[(Action, Reason)], k: &(Action, Reason)| v.iter().filter(|d| *d == k).count();
+        let browned = (Action::Degrade { max_tokens: 64 }, Reason::DegradeBrownout);
+        let capped = (Action::Degrade { max_tokens: 256 }, Reason::DegradeHeadroom);
+        let moved = (
+            Action::Fallback {
+                max_tokens: Some(64),
+            },
+            Reason::FallbackHeadroom,
+        );
+        let shed = (Action::Reject, Reason::ShedHeadroom);
+        // Half-way into a step, its treatment takes about half of the requests and the step
+        // before it the rest.
+        let halfway = |level: usize, this: &(Action, Reason), before: &(Action, Reason)| {
+            let mut at = s.clone();
+            at.pools[0].level = level as f64 + 0.5;
+            let v = decided(&at);
+            let only = n(&v, this) + n(&v, before);
+            assert_eq!(only, 1000, "only {this:?} and {before:?} at {level}.5");
+            assert!(n(&v, this).abs_diff(500) < 60, "{} {this:?}", n(&v, this));
+        };
+        halfway(b, &browned, &capped);
+        halfway(b + 1, &moved, &browned);
+        halfway(shed_at, &shed, &moved);
+    }
+
+    #[test]
+    fn a_saturated_fallback_pool_takes_no_fallback_traffic() {
+        let rules = PolicyRules::default();
+        // Spot's own Best-Effort traffic is over target: spot is saturated.
+        let s = guaranteed_short(Some(600.0));
+        assert!(s.pools[1].saturated);
+        for ticket in 0..200 {
+            let d = decide(&s, &rules, &facts(Tier::Standard, ticket));
+            assert_ne!(d.pool, Pool::Fallback);
+        }
+    }
+
+    /// The opt-in work gate: on a pool that has learned a limit and is under pressure, a lower
+    /// tier's request that would pass its share is capped to fit, else moved or refused, while
+    /// Guaranteed always passes; at level 0 or with the gate off nothing changes.
+    #[test]
+    fn the_work_gate_caps_then_refuses_lower_tiers_and_never_guaranteed() {
+        let mut rules = PolicyRules::default();
+        rules.adaptive.work_gate = true;
+        let mut s = PolicyState::initial();
+        s.pools[1].level = 0.5;
+        s.pools[1].work_limit = Some(1000.0);
+        let req = |tier, inflight: f64, max_tokens| RequestFacts {
+            prompt_tokens: 100,
+            max_tokens: Some(max_tokens),
+            inflight_work: [0.0, inflight],
+            ..facts(tier, 0)
+        };
+        // Best-Effort (share 0.7 of 1000) on spot: fits, then does not fit and has no cap.
+        let d = decide(&s, &rules, &req(Tier::BestEffort, 100.0, 300));
+        assert_eq!(d.reason, Reason::AdmittedWithinHeadroom);
+        let d = decide(&s, &rules, &req(Tier::BestEffort, 400.0, 300));
+        assert_eq!(
+            (d.action, d.reason),
+            (Action::Reject, Reason::RejectWorkLimit)
+        );
+        // Standard (share 0.9, cap 256) judged on spot's work when routed there.
+        rules.tiers[Tier::Standard.index()].preferred_pool = Pool::Spot;
+        let d = decide(&s, &rules, &req(Tier::Standard, 500.0, 500));
+        assert_eq!(
+            (d.action, d.reason),
+            (
+                Action::Degrade { max_tokens: 256 },
+                Reason::DegradeWorkLimit
+            )
+        );
+        rules.tiers[Tier::Guaranteed.index()].preferred_pool = Pool::Spot;
+        let d = decide(&s, &rules, &req(Tier::Guaranteed, 5000.0, 500));
+        assert_eq!(d.action, Action::Pass);
+        s.pools[1].level = 0.0;
+        let d = decide(&s, &rules, &req(Tier::BestEffort, 5000.0, 300));
+        assert_eq!(d.action, Action::Pass, "no gate at level 0");
+        rules.adaptive.work_gate = false;
+        s.pools[1].level = 0.5;
+        let d = decide(&s, &rules, &req(Tier::BestEffort, 5000.0, 300));
+        assert_eq!(d.action, Action::Pass, "gate off");
+    }
+}

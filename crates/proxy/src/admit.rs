@@ -1,0 +1,593 @@
+//! `request_filter`: everything decided before vLLM is contacted — tenant and tier, body pre-read, the policy decision, the in-flight slot or queue wait. A request refused
+//! here never reaches a backend. Each step either fills the context or returns a [`Refusal`].
+
+use super::ctx::{BodyMode, Ctx};
+use super::respond::{capacity_body, error_body, send_json};
+use super::ProxyState;
+use crate::shaping::{self, Shaped};
+use bytes::{Bytes, BytesMut};
+use pingora::prelude::*;
+use sluice_policy::{Action, Pool, PoolSignals, Reason, RequestFacts, Tier};
+use sluice_record::Verdict;
+use sluice_runtime::admission::{Admission, Claim, QueueParams};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Pingora's retry buffer holds 64 KiB; a larger pre-read would lose the body (see notes §2).
+pub const PREREAD_MAX: usize = 64 * 1024;
+/// How long a request arriving right after start may wait for the first health checks.
+const FIRST_CHECKS_WAIT: Duration = Duration::from_secs(2);
+
+// Looked up by name on every request: parsed once here, not per lookup.
+const X_TENANT_ID: http::HeaderName = http::HeaderName::from_static("x-tenant-id");
+const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
+static REQUEST_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// `<replica>-<process start, unix ms, hex>-`, the start of every id Sluice generates. The start
+/// time keeps ids unique across restarts of a pod whose name and pid repeat (pid 1 in a
+/// container), so the ledger's idempotence key never merges two requests.
+pub fn id_prefix(replica: &str) -> String {
+    let boot = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    format!("{replica}-{boot:x}-")
+}
+
+/// An answer Sluice gives instead of proxying.
+struct Refusal {
+    status: u16,
+    label: Verdict,
+    reason: Reason,
+    body: serde_json::Value,
+    retry_after_s: Option<u64>,
+}
+
+impl Refusal {
+    fn new(status: u16, reason: Reason, body: serde_json::Value) -> Self {
+        Refusal {
+            status,
+            label: Verdict::Reject,
+            reason,
+            body,
+            retry_after_s: None,
+        }
+    }
+
+    fn request_error(status: u16, code: &str, reason: Reason, message: &str) -> Self {
+        Self::new(
+            status,
+            reason,
+            error_body("sluice_request", code, reason, message),
+        )
+    }
+
+    fn capacity(reason: Reason, tier: Tier, signals: &PoolSignals, retry_after_s: u64) -> Self {
+        Refusal {
+            retry_after_s: Some(retry_after_s),
+            ..Self::new(429, reason, capacity_body(reason, tier, signals))
+        }
+    }
+}
+
+type Step<T> = Result<std::result::Result<T, Refusal>>;
+
+pub async fn request_filter(
+    app: &ProxyState,
+    session: &mut Session,
+    ctx: &mut Ctx,
+) -> Result<bool> {
+    ctx.received_at_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    ctx.request_id = request_id(app, session);
+    // Upstream, names go in canonical case (see `respond::decision_headers`): the connection
+    // guard has Pingora parse them without their case; any other session's case map is dropped
+    // here, before Pingora copies the request header for the upstream.
+    session.req_header_mut().drop_header_case();
+    match decide_and_admit(app, session, ctx).await? {
+        Ok(()) => Ok(false),
+        Err(refusal) => {
+            refuse(session, ctx, refusal).await?;
+            Ok(true)
+        }
+    }
+}
+
+async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx) -> Step<()> {
+    let req = session.req_header();
+    let shapeable = shaping::is_shapeable(req.method.as_str(), req.uri.path());
+    let tier = match identify(app, session, ctx) {
+        Ok(tier) => tier,
+        Err(r) => return Ok(Err(r)),
+    };
+    let declared = match declared_length(app, session) {
+        Ok(n) => n,
+        Err(r) => return Ok(Err(r)),
+    };
+    let raw = if shapeable && declared.is_some_and(|n| n > 0 && n <= PREREAD_MAX) {
+        match preread(session).await? {
+            Ok(raw) => {
+                ctx.body_mode = BodyMode::Preread;
+                ctx.facts = shaping::facts(&raw);
+                Some(raw)
+            }
+            Err(r) => return Ok(Err(r)),
+        }
+    } else {
+        None
+    };
+
+    ctx.prompt_tokens = sluice_policy::work_gate::prompt_tokens_of_body(
+        raw.as_ref().map_or(declared.unwrap_or(0), |r| r.len()),
+    );
+    let tier = match apply_quota(app, ctx, tier, shapeable).await {
+        Ok(tier) => tier,
+        Err(r) => return Ok(Err(r)),
+    };
+    app.pools.first_checks(FIRST_CHECKS_WAIT).await;
+    let state = app.hub.state();
+    let rules = app.hub.rules();
+    decide(app, ctx, &state, &rules, tier, shapeable);
+    if ctx.label == Some(Verdict::Pass) && ctx.quota.as_ref().is_some_and(|q| q.demoted()) {
+        ctx.reason = Some(Reason::DemoteQuotaExceeded);
+    }
+    let decided_at = app.hub.clock().now_ms();
+    if let Some(pool) = super::outcome::controller_pool(app, ctx) {
+        app.hub.record_outcome(
+            pool,
+            sluice_policy::adaptive::Outcome::arrival(decided_at, tier),
+        );
+    }
+    if ctx
+        .decision
+        .as_ref()
+        .is_some_and(|d| d.action == Action::Reject)
+    {
+        let reason = ctx.reason.unwrap_or(Reason::RejectPressure);
+        let retry = (rules.stability.cooldown_ms / 1000).max(1);
+        return Ok(Err(Refusal::capacity(reason, tier, &state.signals, retry)));
+    }
+    if let Err(r) = shape(ctx, raw, shapeable, declared) {
+        return Ok(Err(r));
+    }
+    // Only completions hold capacity: model listings and health probes must not queue.
+    // The request's estimated tokens: its share of a contended tier and its KV work.
+    let completion = ctx.applied_max_tokens.and_then(|m| u64::try_from(m).ok());
+    let work = sluice_policy::work_gate::work_of(
+        ctx.prompt_tokens,
+        completion,
+        None,
+        rules.adaptive.assumed_max_tokens,
+    ) as u64;
+    if shapeable {
+        let capacity = rules.tier(tier).inflight_capacity;
+        if let Err(r) = take_slot(app, ctx, tier, capacity, work, &state.signals).await {
+            return Ok(Err(r));
+        }
+    }
+    if ctx.pool == Some(Pool::Fallback) && ctx.fallback_index.is_none() {
+        ctx.pool = Some(Pool::OnDemand);
+    }
+    if shapeable {
+        if let Some(pool) = super::outcome::controller_pool(app, ctx) {
+            ctx.work = app.hub.charge_work(pool, work, tier, decided_at);
+        }
+    }
+    Ok(Ok(()))
+}
+
+fn request_id(app: &ProxyState, session: &Session) -> String {
+    let given = session
+        .req_header()
+        .headers
+        .get(&X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok());
+    match given {
+        Some(id)
+            if !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            id.to_string()
+        }
+        _ => generated_id(&app.id_prefix, REQUEST_SEQ.fetch_add(1, Ordering::Relaxed)),
+    }
+}
+
+/// `<prefix><seq as at least 6 hex digits>`, without `format!` (a visible share of the
+/// request path's cost at tens of thousands of requests per second).
+fn generated_id(prefix: &str, seq: u64) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digits = (16 - seq.leading_zeros() as usize / 4).max(6);
+    let mut id = String::with_capacity(prefix.len() + digits);
+    id.push_str(prefix);
+    for i in (0..digits).rev() {
+        id.push(HEX[(seq >> (i * 4)) as usize & 0xf] as char);
+    }
+    id
+}
+
+/// Tenant and tier, from the API key or `X-Tenant-ID`.
+fn identify(
+    app: &ProxyState,
+    session: &Session,
+    ctx: &mut Ctx,
+) -> std::result::Result<Tier, Refusal> {
+    let headers = &session.req_header().headers;
+    let tenant = headers.get(&X_TENANT_ID).map(|v| v.as_bytes());
+    let auth = headers
+        .get(http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    match app.tenants.load().resolve(tenant, auth) {
+        Ok(id) => {
+            let tier = id.tier;
+            ctx.identity = Some(id);
+            Ok(tier)
+        }
+        Err(reason) => {
+            let (status, code) = match reason {
+                Reason::InvalidTenantHeader => (400, "invalid_header"),
+                _ => (401, "unauthorized"),
+            };
+            let body = error_body("sluice_auth", code, reason, reason.describe());
+            Err(Refusal::new(status, reason, body))
+        }
+    }
+}
+
+/// The declared body length, refused when over the limit; chunked uploads are counted as they
+/// stream (`request_body_filter`).
+fn declared_length(
+    app: &ProxyState,
+    session: &Session,
+) -> std::result::Result<Option<usize>, Refusal> {
+    let max = app.config.load().limits.max_body_bytes;
+    let declared = match session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+    {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()) {
+            Some(n) => Some(n),
+            None => {
+                let msg = "Content-Length is not a number";
+                return Err(Refusal::request_error(
+                    400,
+                    "invalid_header",
+                    Reason::InvalidJson,
+                    msg,
+                ));
+            }
+        },
+    };
+    if declared.is_some_and(|n| n > max) {
+        let msg = format!("request body exceeds {max} bytes");
+        return Err(Refusal::request_error(
+            413,
+            "body_too_large",
+            Reason::BodyTooLarge,
+            &msg,
+        ));
+    }
+    Ok(declared)
+}
+
+/// Reads a small completion body whole, keeping Pingora's retry buffer so the same bytes (or
+/// their rewrite) still go upstream.
+async fn preread(session: &mut Session) -> Step<Bytes> {
+    session.enable_retry_buffering();
+    // A client that sent `Expect: 100-continue` sends its body only once told to: Pingora does
+    // not answer it, so without this both sides wait (curl gives up after a second, others
+    // never do). The upstream request then goes without the header (body::upstream_request_filter).
+    if pingora::protocols::http::v1::common::is_expect_continue_req(session.req_header()) {
+        session.write_continue_response().await?;
+    }
+    // Usually the whole body is one chunk (the guard read it ahead): kept as it is, not copied.
+    // A second chunk starts a buffer holding both.
+    let mut body = Bytes::new();
+    let mut joined = BytesMut::new();
+    while let Some(chunk) = session.read_request_body().await? {
+        if body.is_empty() && joined.is_empty() {
+            body = chunk;
+        } else {
+            if joined.is_empty() {
+                joined.extend_from_slice(&body);
+            }
+            joined.extend_from_slice(&chunk);
+        }
+        if body.len().max(joined.len()) > PREREAD_MAX {
+            break;
+        }
+    }
+    let body = if joined.is_empty() {
+        body
+    } else {
+        joined.freeze()
+    };
+    if session.retry_buffer_truncated() || body.len() > PREREAD_MAX {
+        let msg = "body longer than its Content-Length";
+        return Ok(Err(Refusal::request_error(
+            413,
+            "body_too_large",
+            Reason::BodyTooLarge,
+            msg,
+        )));
+    }
+    Ok(Ok(body))
+}
+
+/// The policy decision against the latest published state.
+fn decide(
+    app: &ProxyState,
+    ctx: &mut Ctx,
+    state: &sluice_policy::PolicyState,
+    rules: &sluice_policy::tenant_policy::PolicyRules,
+    tier: Tier,
+    shapeable: bool,
+) {
+    let fallback = app
+        .pools
+        .fallbacks
+        .iter()
+        .position(|h| app.pools.any_usable(h));
+    let facts = RequestFacts {
+        tier,
+        shapeable,
+        fallback_available: fallback.is_some(),
+        spot_healthy: app.pools.any_usable(&app.pools.spot),
+        fallback_pool: fallback.and_then(|i| app.pools.fallbacks[i].runs_on),
+        ticket: sluice_policy::adaptive::ticket_of(&ctx.request_id),
+        prompt_tokens: ctx.prompt_tokens,
+        max_tokens: ctx
+            .facts
+            .as_ref()
+            .and_then(|f| f.max_tokens)
+            .and_then(|m| u64::try_from(m).ok()),
+        inflight_work: app.hub.inflight_work(),
+    };
+    let decision = sluice_policy::decide(state, rules, &facts);
+    ctx.inputs = Some(sluice_record::PolicyInputs::capture(
+        state,
+        rules,
+        &facts,
+        &decision,
+        app.hub.clock(),
+    ));
+    ctx.label = Some(verdict_of(&decision.action));
+    ctx.reason = Some(decision.reason);
+    ctx.pool = Some(decision.pool);
+    ctx.route_reason = Some(decision.route_reason);
+    ctx.cap = decision.action.max_tokens_cap();
+    if matches!(decision.action, Action::Fallback { .. }) {
+        ctx.fallback_index = fallback;
+        ctx.fallback_model = fallback.and_then(|i| app.pools.fallbacks[i].model.clone());
+    }
+    ctx.decision = Some(decision);
+}
+
+/// The tenant's budget (when it has one): the tier it is served as — one lower when over
+/// budget, so the policy, capacity, queue and pool are the lower tier's — or a 429 when it has
+/// no lower tier. The identity then names the tier used, for the headers and the record.
+async fn apply_quota(
+    app: &ProxyState,
+    ctx: &mut Ctx,
+    tier: Tier,
+    shapeable: bool,
+) -> std::result::Result<Tier, Refusal> {
+    let Some(id) = ctx.identity.as_ref().filter(|id| id.quota.is_some()) else {
+        return Ok(tier);
+    };
+    let quota = id.quota.unwrap_or_default();
+    let prompt = shapeable.then_some(ctx.prompt_tokens);
+    let ticket = app.quotas.admit(&id.tenant, quota, tier, prompt).await;
+    let refusal = ticket.refused.then(|| Refusal {
+        retry_after_s: Some(ticket.retry_after_s()),
+        ..Refusal::new(
+            429,
+            Reason::RejectQuotaExceeded,
+            ticket.refusal_body(&id.tenant),
+        )
+    });
+    let served = ticket.served;
+    if ticket.demoted() {
+        app.metrics
+            .quota_demotions
+            .with_label_values(&[tier.as_str(), served.as_str()])
+            .inc();
+    }
+    ctx.quota = Some(ticket);
+    if let Some(r) = refusal {
+        return Err(r);
+    }
+    if let Some(id) = ctx.identity.as_mut() {
+        id.tier = served;
+    }
+    Ok(served)
+}
+
+/// Rewrites a pre-read body now; a larger one that needs a rewrite is buffered later.
+fn shape(
+    ctx: &mut Ctx,
+    raw: Option<Bytes>,
+    shapeable: bool,
+    declared: Option<usize>,
+) -> std::result::Result<(), Refusal> {
+    let needs_rewrite = ctx.cap.is_some() || ctx.fallback_model.is_some();
+    match raw {
+        // Nothing to change: the facts read at pre-read say all there is (no second parse).
+        Some(_) if !needs_rewrite && ctx.facts.is_none() => {
+            ctx.reason = Some(Reason::BodyNotJsonForwarded)
+        }
+        Some(_) if !needs_rewrite => {}
+        Some(raw) => match shaping::shape(&raw, ctx.cap, ctx.fallback_model.as_deref()) {
+            Shaped::Unchanged(_) => {}
+            Shaped::Rewritten {
+                body,
+                applied_max_tokens,
+                ..
+            } => {
+                ctx.applied_max_tokens = applied_max_tokens;
+                ctx.new_body = Some(body.into());
+            }
+            Shaped::NotJson if needs_rewrite => {
+                let msg = "the decision needs to rewrite the body, which is not a JSON object";
+                return Err(Refusal::request_error(
+                    400,
+                    "invalid_json",
+                    Reason::InvalidJson,
+                    msg,
+                ));
+            }
+            Shaped::NotJson => ctx.reason = Some(Reason::BodyNotJsonForwarded),
+        },
+        None if shapeable && needs_rewrite && declared != Some(0) => {
+            ctx.body_mode = BodyMode::Buffered
+        }
+        None => {}
+    }
+    if ctx.applied_max_tokens.is_none() && ctx.new_body.is_none() {
+        ctx.applied_max_tokens = ctx.facts.as_ref().and_then(|f| f.max_tokens);
+    }
+    Ok(())
+}
+
+/// Takes an in-flight slot, waiting in the tier's queue when the tier queues. Draining ends any
+/// wait at once: dropping the admit future leaves the queue, and its slot, if any, goes on.
+async fn take_slot(
+    app: &ProxyState,
+    ctx: &mut Ctx,
+    tier: Tier,
+    capacity: u32,
+    cost_tokens: u64,
+    signals: &PoolSignals,
+) -> std::result::Result<(), Refusal> {
+    let queue = ctx.decision.as_ref().filter(|d| d.queue_eligible).map(|_| {
+        let q = &app.config.load().queue;
+        QueueParams {
+            max_size: q.max_size,
+            max_wait: Duration::from_millis(q.max_wait_ms()),
+            poll: Duration::from_millis(q.poll_ms()),
+        }
+    });
+    let claim = ctx.identity.as_ref().map_or(Claim::ANONYMOUS, |id| Claim {
+        tenant: &id.tenant,
+        weight: id.weight,
+        cost_tokens,
+    });
+    let mut admit = app.admission.admit_as(tier, capacity, queue, &claim);
+    // Most requests are admitted at the first poll; only one that waits listens for the drain
+    // (which refuses it). Subscribing and checking the drain's channel on every request moved
+    // its counters and lock between the cores; and a request the drain found admitted at once
+    // was served or refused by the toss of `select!`'s branch order.
+    let first = std::future::poll_fn(|cx| Poll::Ready(Future::poll(admit.as_mut(), cx))).await;
+    let admitted = match first {
+        Poll::Ready(a) => a,
+        Poll::Pending => {
+            let mut draining = app.lifecycle.subscribe();
+            tokio::select! {
+                biased;
+                a = &mut admit => a,
+                _ = draining.wait_for(|d| *d) => Admission::Refused { reason: Reason::Draining, queued_for: None },
+            }
+        }
+    };
+    let queue_wait = |outcome: &str, q: Duration| {
+        app.metrics
+            .queue_wait
+            .with_label_values(&[tier.as_str(), outcome])
+            .observe(q.as_secs_f64())
+    };
+    match admitted {
+        Admission::Admitted {
+            slot,
+            queued_for,
+            fail_open,
+        } => {
+            ctx.slot = Some(slot);
+            if fail_open {
+                ctx.reason = Some(Reason::CoordinatorFailOpen);
+            }
+            if let Some(q) = queued_for {
+                queue_wait("released", q);
+                ctx.queued_for = Some(q);
+                ctx.label = Some(Verdict::Queue);
+                // A wait that ended because the coordinator went away keeps saying so.
+                if !fail_open {
+                    ctx.reason = Some(Reason::QueueReleased);
+                }
+            }
+            Ok(())
+        }
+        Admission::Refused {
+            reason: Reason::Draining,
+            ..
+        } => {
+            let msg = "Sluice is shutting down; retry on another replica";
+            let body = error_body("sluice_draining", "draining", Reason::Draining, msg);
+            ctx.closing = true;
+            Err(Refusal {
+                retry_after_s: Some(1),
+                ..Refusal::new(503, Reason::Draining, body)
+            })
+        }
+        Admission::Refused { reason, queued_for } => {
+            ctx.queued_for = queued_for;
+            if let Some(q) = queued_for {
+                queue_wait(reason.as_str(), q);
+            }
+            let mut refusal = Refusal::capacity(reason, tier, signals, 1);
+            if queued_for.is_some() || reason == Reason::QueueDropped {
+                refusal.label = Verdict::Queue;
+            }
+            Err(refusal)
+        }
+    }
+}
+
+async fn refuse(session: &mut Session, ctx: &mut Ctx, r: Refusal) -> Result<()> {
+    ctx.label = Some(r.label);
+    ctx.reason = Some(r.reason);
+    ctx.pool = None;
+    let extra: Vec<(&str, String)> = r
+        .retry_after_s
+        .map(|s| ("retry-after", s.to_string()))
+        .into_iter()
+        .collect();
+    send_json(session, ctx, r.status, &r.body, &extra).await
+}
+
+/// The decision header's value for what the policy decided.
+fn verdict_of(action: &Action) -> Verdict {
+    match action {
+        Action::Pass => Verdict::Pass,
+        Action::Degrade { .. } => Verdict::Degrade,
+        Action::Fallback { .. } => Verdict::Fallback,
+        Action::Reject => Verdict::Reject,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::generated_id;
+
+    #[test]
+    fn generated_ids_are_the_prefix_and_at_least_six_hex_digits() {
+        for seq in [
+            0,
+            1,
+            0xabc,
+            0xffffff,
+            0x1000000,
+            0xfffffff,
+            0x10000000,
+            u64::MAX,
+        ] {
+            assert_eq!(
+                generated_id("pod-1-18f-", seq),
+                format!("pod-1-18f-{seq:06x}")
+            );
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Per-request state carried through the Pingora phases. Dropping it (after `logging`) releases
+//! the admission slot, so capacity is held until the last response byte or the client's exit.
+
+use crate::shaping::BodyFacts;
+use bytes::{Bytes, BytesMut};
+use sluice_config::tenancy::Identity;
+use sluice_policy::{Decision, Pool, Reason};
+use sluice_record::{Failure, Verdict};
+use sluice_runtime::admission::Slot;
+use std::time::{Duration, Instant};
+
+/// How the request body reaches the upstream.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub enum BodyMode {
+    /// Forwarded as received (non-shapeable, or no rewrite needed).
+    #[default]
+    Passthrough,
+    /// Read whole in `request_filter` (≤ 64 KiB); `new_body` replaces it when rewritten.
+    Preread,
+    /// Too large to pre-read but needs a rewrite: buffered in `request_body_filter`, rewritten
+    /// at end of stream and sent chunked.
+    Buffered,
+}
+
+#[derive(Default)]
+pub struct Ctx {
+    pub started: Option<Instant>,
+    pub received_at_ms: u64,
+    pub request_id: String,
+    pub identity: Option<Identity>,
+    pub decision: Option<Decision>,
+    /// What `decision` was decided on, for the record (and `sluice replay`).
+    pub inputs: Option<sluice_record::PolicyInputs>,
+    /// The final decision label and reason (queue and refusals override the policy's).
+    pub label: Option<Verdict>,
+    pub reason: Option<Reason>,
+    pub slot: Option<Slot>,
+    pub queued_for: Option<Duration>,
+    pub body_mode: BodyMode,
+    pub new_body: Option<Bytes>,
+    pub buffer: BytesMut,
+    pub body_seen: usize,
+    pub cap: Option<u32>,
+    pub fallback_model: Option<String>,
+    pub fallback_index: Option<usize>,
+    pub facts: Option<BodyFacts>,
+    pub applied_max_tokens: Option<i64>,
+    pub pool: Option<Pool>,
+    pub route_reason: Option<Reason>,
+    pub backend: Option<std::sync::Arc<str>>,
+    pub failed_backend: Option<String>,
+    pub connect_retries: u8,
+    pub overhead: Option<Duration>,
+    pub first_byte: Option<Instant>,
+    pub response_tail: BytesMut,
+    pub response_is_sse: bool,
+    pub error: Option<Failure>,
+    pub status: u16,
+    /// The process is handing over or draining: close the connection after this response.
+    pub closing: bool,
+    /// Bytes and time to read and discard of a body left unread by a refusal, so the client
+    /// sees the answer (limits.refused_body_drain_*).
+    pub refused_body_drain: (usize, Duration),
+    /// Counts this request as active until the context is dropped.
+    pub active: Option<sluice_runtime::lifecycle::ActiveGuard>,
+    /// Estimated prompt tokens (from the body's size), for the work gate.
+    pub prompt_tokens: u64,
+    /// Its work counted in flight on its pool until the context is dropped.
+    pub work: Option<sluice_runtime::signals::hub::WorkCharge>,
+    /// The tenant's budget check, when it has a budget: tier served as, rate-limit headers.
+    pub quota: Option<sluice_runtime::quota::Ticket>,
+}

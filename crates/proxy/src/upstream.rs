@@ -1,0 +1,87 @@
+//! Choosing the backend: the decision's pool, a backend that has passed a health check, and
+//! one retry on another backend of the same pool when the connection could not be made (the
+//! request was never sent, so the retry cannot duplicate a generation).
+
+use super::ctx::Ctx;
+use super::ProxyState;
+use pingora::prelude::*;
+use pingora::upstreams::peer::Peer;
+use sluice_policy::{Pool, Reason};
+use sluice_record::Verdict;
+use std::time::Duration;
+
+pub fn upstream_peer(
+    app: &ProxyState,
+    _session: &mut Session,
+    ctx: &mut Ctx,
+) -> Result<Box<HttpPeer>> {
+    if ctx.overhead.is_none() {
+        let spent = ctx.started.map(|s| s.elapsed()).unwrap_or_default();
+        ctx.overhead = Some(spent.saturating_sub(ctx.queued_for.unwrap_or_default()));
+    }
+    let pools = &app.pools;
+    let mut pool = ctx.pool.unwrap_or(Pool::OnDemand);
+    let handle = match pool {
+        Pool::Fallback => ctx.fallback_index.and_then(|i| pools.fallbacks.get(i)),
+        p => pools.handle(p),
+    };
+    let exclude = ctx.failed_backend.as_deref();
+    let mut picked = handle.and_then(|h| pools.select(h, exclude));
+    // Spot emptied between the decision and now: Best-Effort is evicted, not failed.
+    if picked.is_none() && pool == Pool::Spot {
+        pool = Pool::OnDemand;
+        ctx.route_reason = Some(Reason::RouteSpotUnhealthy);
+        picked = pools.select(&pools.on_demand, exclude);
+    }
+    let Some((backend, info)) = picked else {
+        ctx.reason = Some(Reason::BackendUnavailable);
+        ctx.label = Some(Verdict::Error);
+        return Error::e_explain(
+            HTTPStatus(503),
+            format!("no healthy backend in pool {}", pool.as_str()),
+        );
+    };
+    ctx.pool = Some(pool);
+    ctx.backend = Some(info.name);
+    let limits = &app.config.load().limits;
+    let tls = info.tls;
+    let mut peer = HttpPeer::new(backend, false, String::new());
+    if let Some(tls) = tls {
+        tls.apply(&mut peer);
+    }
+    peer.options.connection_timeout =
+        Some(Duration::from_millis(limits.upstream_connect_timeout_ms));
+    peer.options.total_connection_timeout = Some(Duration::from_millis(
+        limits.upstream_connect_timeout_ms * 2,
+    ));
+    peer.options.read_timeout = Some(Duration::from_millis(limits.upstream_read_timeout_ms));
+    peer.options.idle_timeout = Some(Duration::from_millis(limits.upstream_idle_timeout_ms));
+    // The request header waits in the write buffer for a Content-Length body and shares its
+    // send: one segment and one wake of the backend instead of two (vendor/pingora-core).
+    peer.options.coalesce_request_header = true;
+    // The response's names go out in canonical case (`respond::decision_headers`), so their
+    // parsed case is not kept, and the map has room for the decision headers: neither a case
+    // map filled and dropped nor the map grown on every response (vendor/pingora-core).
+    peer.options.preserve_response_header_case = false;
+    peer.options.response_header_room = super::respond::DECISION_HEADERS;
+    Ok(Box::new(peer))
+}
+
+pub fn fail_to_connect(
+    app: &ProxyState,
+    peer: &HttpPeer,
+    ctx: &mut Ctx,
+    mut e: Box<Error>,
+) -> Box<Error> {
+    let pool = ctx.pool.map_or("unknown", Pool::as_str);
+    app.metrics
+        .upstream_errors
+        .with_label_values(&[pool, "connect"])
+        .inc();
+    if ctx.connect_retries == 0 {
+        ctx.connect_retries = 1;
+        ctx.failed_backend = Some(peer.address().to_string());
+        e.set_retry(true);
+    }
+    e
+}

@@ -1,0 +1,814 @@
+//! The meeting point of background samplers, admin overrides and the request path.
+
+use super::health::PrometheusHealth;
+use super::vllm_text::Histogram;
+use arc_swap::{ArcSwap, ArcSwapOption};
+use serde::Serialize;
+use sluice_policy::adaptive::{ladder, Outcome, PoolControl};
+use sluice_policy::tenant_policy::PolicyRules;
+use sluice_policy::{
+    Clock, Millis, PolicyEngine, PolicyState, Pool, PoolSignals, SignalKind, Tier,
+};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The index of a pool's signals: the on-demand pool drives tier states, spot drives eviction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum SignalPool {
+    #[serde(rename = "on-demand")]
+    OnDemand,
+    #[serde(rename = "spot")]
+    Spot,
+}
+
+impl SignalPool {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "on-demand" => Some(SignalPool::OnDemand),
+            "spot" => Some(SignalPool::Spot),
+            _ => None,
+        }
+    }
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One scrape of one backend.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendScrape {
+    pub backend: String,
+    pub kv_usage: Option<f64>,
+    pub waiting: Option<f64>,
+    /// vLLM's cumulative queue-time and TTFT histograms (sum and count).
+    #[serde(skip)]
+    pub queue_time: Option<Histogram>,
+    #[serde(skip)]
+    pub ttft: Option<Histogram>,
+    pub error: Option<String>,
+}
+
+/// One round of scraping a pool, aggregated: mean KV pressure (%) over the backends that answered
+/// (requests are spread over them, so the mean is what a new request meets), summed waiting queue.
+#[derive(Debug, Clone, Default)]
+pub struct ScrapeRound {
+    pub at: Millis,
+    pub pressure: Option<f64>,
+    pub queue_depth: Option<f64>,
+    /// The pool's delay histograms summed over backends (cumulative).
+    pub queue_time: Option<Histogram>,
+    pub ttft: Option<Histogram>,
+    /// Mean queue delay and TTFT since the previous round, set by [`SignalHub::record_scrape`].
+    pub queue_time_ms: Option<f64>,
+    pub ttft_ms: Option<f64>,
+    pub backends: Vec<BackendScrape>,
+}
+
+impl ScrapeRound {
+    pub fn aggregate(at: Millis, backends: Vec<BackendScrape>) -> Self {
+        let kv: Vec<f64> = backends.iter().filter_map(|b| b.kv_usage).collect();
+        let waiting: Vec<f64> = backends.iter().filter_map(|b| b.waiting).collect();
+        let sum = |f: fn(&BackendScrape) -> Option<Histogram>| {
+            backends.iter().map(f).fold(None, Histogram::add)
+        };
+        ScrapeRound {
+            at,
+            pressure: (!kv.is_empty()).then(|| 100.0 * kv.iter().sum::<f64>() / kv.len() as f64),
+            queue_depth: (!waiting.is_empty()).then(|| waiting.iter().sum()),
+            queue_time: sum(|b| b.queue_time),
+            ttft: sum(|b| b.ttft),
+            queue_time_ms: None,
+            ttft_ms: None,
+            backends,
+        }
+    }
+
+    /// The means over the interval since `prev`. A queue nobody left during the whole interval
+    /// while requests wait has a delay of at least the interval, not an unknown one.
+    fn with_delays_since(mut self, prev: Option<&ScrapeRound>) -> Self {
+        let Some(prev) = prev else { return self };
+        let interval = self.at.saturating_sub(prev.at) as f64;
+        let waiting = self.queue_depth.unwrap_or(0.0);
+        self.queue_time_ms = match (self.queue_time, prev.queue_time) {
+            (Some(now), Some(then)) => now.interval_delay_ms(&then, waiting, interval),
+            _ => None,
+        };
+        self.ttft_ms = match (self.ttft, prev.ttft) {
+            (Some(now), Some(then)) => now.mean_ms_since(&then),
+            _ => None,
+        };
+        self
+    }
+}
+
+/// How one signal is known right now, for `/status` and the decision record.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SignalReading {
+    pub value: Option<f64>,
+    pub age_ms: Option<u64>,
+    /// `scrape`, `prometheus`, `ledger`, `admin`, or `none`.
+    pub source: &'static str,
+    /// Why the value is unavailable, when it is.
+    pub unavailable: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Overrides {
+    values: [Option<(f64, Millis)>; 3],
+}
+
+/// What Prometheus answered for one signal. The sample may already have been old when it
+/// arrived, so its age is `age_at_receipt` plus the time since `received`.
+#[derive(Debug, Clone)]
+struct Polled {
+    received: Millis,
+    age_at_receipt: Millis,
+    value: Result<f64, String>,
+}
+
+/// A value computed elsewhere (the ledger's SLA-violation rate): value or why it is missing.
+#[derive(Debug, Clone)]
+struct External {
+    at: Millis,
+    value: Result<f64, String>,
+}
+
+struct PoolCell {
+    scraped: ArcSwap<Option<ScrapeRound>>,
+    overrides: Mutex<Overrides>,
+    external: Mutex<[Option<External>; 3]>,
+    /// The Prometheus poller's latest answer per signal.
+    polled: Mutex<[Option<Polled>; 3]>,
+}
+
+pub struct SignalHub {
+    clock: Clock,
+    stale_after_ms: Millis,
+    pools: [PoolCell; 2],
+    engine: Mutex<PolicyEngine>,
+    state: ArcSwap<PolicyState>,
+    rules: ArcSwap<PolicyRules>,
+    prometheus: ArcSwapOption<PrometheusHealth>,
+    /// The `signals.source` the samplers were started with (a reload cannot change it).
+    source: OnceLock<&'static str>,
+    /// Request outcomes on their way from `logging` to the next tick, by pool index.
+    outcomes: (SyncSender<PoolOutcome>, Mutex<Receiver<PoolOutcome>>),
+    outcomes_dropped: std::sync::atomic::AtomicU64,
+    /// The work this replica has in flight and the requests it has sent and not finished, one
+    /// shard per worker ([`crate::worker_shard`]): charged and given back on every
+    /// request, one shared counter, lock and map had both cores pull their cache lines back
+    /// and forth several times a request. Readers (a tick, `/status`) sum the shards.
+    work: Box<[Arc<WorkShard>]>,
+    /// The policy has had its first sample (readiness waits for it).
+    sampled: std::sync::atomic::AtomicBool,
+}
+
+/// Requests in flight by (pool index, decided at, sequence), oldest first within a pool.
+#[derive(Debug, Default)]
+struct Outstanding {
+    requests: std::collections::BTreeMap<(usize, Millis, u64), Tier>,
+    next: u64,
+}
+
+/// One worker's share of the work in flight: estimated KV tokens by pool index, and its
+/// outstanding requests.
+#[derive(Debug, Default)]
+struct WorkShard {
+    inflight: [std::sync::atomic::AtomicU64; 2],
+    outstanding: Mutex<Outstanding>,
+}
+
+/// Outstanding requests reported per pool and tick, oldest first (a bound on the tick's work).
+const OUTSTANDING_REPORTED: usize = 4096;
+
+/// A request's share of its pool's work in flight, given back when it is dropped (the request's
+/// context ends however the request does); it also keeps the request in the outstanding
+/// registry until then.
+#[derive(Debug)]
+pub struct WorkCharge {
+    shard: Arc<WorkShard>,
+    pool: usize,
+    tokens: u64,
+    key: (usize, Millis, u64),
+}
+
+impl Drop for WorkCharge {
+    fn drop(&mut self) {
+        self.shard.inflight[self.pool].fetch_sub(self.tokens, std::sync::atomic::Ordering::Relaxed);
+        self.shard
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .requests
+            .remove(&self.key);
+    }
+}
+
+/// An outcome and the index of the pool whose controller hears it.
+type PoolOutcome = (usize, Outcome);
+
+/// Outcomes buffered between two ticks; past it they are dropped (and counted).
+const OUTCOME_BUFFER: usize = 16_384;
+
+fn kind_index(kind: SignalKind) -> usize {
+    match kind {
+        SignalKind::Pressure => 0,
+        SignalKind::QueueDepth => 1,
+        SignalKind::SlaViolationRate => 2,
+    }
+}
+
+impl SignalHub {
+    pub fn new(clock: Clock, stale_after_ms: Millis, rules: PolicyRules) -> Self {
+        let cell = || PoolCell {
+            scraped: ArcSwap::from_pointee(None),
+            overrides: Mutex::new(Overrides::default()),
+            external: Mutex::new([None, None, None]),
+            polled: Mutex::new([None, None, None]),
+        };
+        // The ladders are known from the rules alone: `/status` shows them before the first
+        // sample instead of an empty list.
+        let initial = PolicyState {
+            pools: [Pool::OnDemand, Pool::Spot].map(|p| PoolControl::idle(ladder(&rules, p))),
+            ..PolicyState::initial()
+        };
+        Self {
+            clock,
+            stale_after_ms,
+            pools: [cell(), cell()],
+            rules: ArcSwap::from_pointee(rules.clone()),
+            engine: Mutex::new(PolicyEngine::new(rules)),
+            state: ArcSwap::from_pointee(initial),
+            prometheus: ArcSwapOption::empty(),
+            source: OnceLock::new(),
+            outcomes: {
+                let (tx, rx) = sync_channel(OUTCOME_BUFFER);
+                (tx, Mutex::new(rx))
+            },
+            outcomes_dropped: Default::default(),
+            work: (0..crate::worker_shard::COUNT)
+                .map(|_| Arc::default())
+                .collect(),
+            sampled: Default::default(),
+        }
+    }
+
+    /// Whether the policy has had a sample: before it, every decision fails open.
+    pub fn sampled(&self) -> bool {
+        self.sampled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// The latest policy state; lock-free for the request path.
+    pub fn state(&self) -> Arc<PolicyState> {
+        self.state.load_full()
+    }
+
+    /// The rules in force; lock-free, so the request path never waits on a policy tick.
+    pub fn rules(&self) -> Arc<PolicyRules> {
+        self.rules.load_full()
+    }
+
+    pub fn set_rules(&self, rules: PolicyRules) {
+        self.rules.store(Arc::new(rules.clone()));
+        self.engine_lock().set_rules(rules);
+    }
+
+    fn engine_lock(&self) -> std::sync::MutexGuard<'_, PolicyEngine> {
+        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn overrides(&self, pool: SignalPool) -> std::sync::MutexGuard<'_, Overrides> {
+        self.pools[pool.index()]
+            .overrides
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn record_scrape(&self, pool: SignalPool, round: ScrapeRound) {
+        let cell = &self.pools[pool.index()].scraped;
+        let round = round.with_delays_since(cell.load().as_ref().as_ref());
+        cell.store(Arc::new(Some(round)));
+    }
+
+    /// Hands one finished (or refused) request to the adaptive controller of the pool that
+    /// served it. Never blocks: a full buffer drops the outcome (the controller only needs a
+    /// sample of them), counted in `outcomes_dropped`.
+    pub fn record_outcome(&self, pool: usize, outcome: Outcome) {
+        if self.outcomes.0.try_send((pool, outcome)).is_err() {
+            self.outcomes_dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `tokens` of work in flight on the pool with signal index `pool` until the returned
+    /// charge is dropped, and reports the request (of `tier`, decided at `since` on the hub's
+    /// clock) as outstanding on that pool at every tick until then.
+    pub fn charge_work(
+        &self,
+        pool: usize,
+        tokens: u64,
+        tier: Tier,
+        since: Millis,
+    ) -> Option<WorkCharge> {
+        let shard = &self.work[crate::worker_shard::index()];
+        shard
+            .inflight
+            .get(pool)?
+            .fetch_add(tokens, std::sync::atomic::Ordering::Relaxed);
+        let key = {
+            let mut o = shard.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+            o.next += 1;
+            let key = (pool, since, o.next);
+            o.requests.insert(key, tier);
+            key
+        };
+        Some(WorkCharge {
+            shard: Arc::clone(shard),
+            pool,
+            tokens,
+            key,
+        })
+    }
+
+    /// The requests in flight at `now`, oldest first, by pool index: each with its age so far,
+    /// as the controller hears them at every tick.
+    pub fn outstanding_at(&self, now: Millis) -> [Vec<Outcome>; 2] {
+        std::array::from_fn(|pool| {
+            // The oldest of each shard, then the oldest of those (by decision time; within one
+            // millisecond, shard by shard in the order each charged them).
+            let mut oldest: Vec<(Millis, usize, u64, Tier)> = Vec::new();
+            for (i, shard) in self.work.iter().enumerate() {
+                let o = shard.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+                oldest.extend(
+                    o.requests
+                        .range((pool, 0, 0)..(pool + 1, 0, 0))
+                        .take(OUTSTANDING_REPORTED)
+                        .map(|(&(_, since, seq), &tier)| (since, i, seq, tier)),
+                );
+            }
+            oldest.sort_unstable_by_key(|&(since, i, seq, _)| (since, i, seq));
+            oldest
+                .into_iter()
+                .take(OUTSTANDING_REPORTED)
+                .map(|(since, _, _, tier)| {
+                    Outcome::pending(now, tier, now.saturating_sub(since) as f64)
+                })
+                .collect()
+        })
+    }
+
+    /// Work in flight now, by pool index.
+    pub fn inflight_work(&self) -> [f64; 2] {
+        let w = |i: usize| {
+            self.work
+                .iter()
+                .map(|s| s.inflight[i].load(std::sync::atomic::Ordering::Relaxed))
+                .sum::<u64>() as f64
+        };
+        [w(0), w(1)]
+    }
+
+    pub fn outcomes_dropped(&self) -> u64 {
+        self.outcomes_dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn last_scrape(&self, pool: SignalPool) -> Option<ScrapeRound> {
+        (*self.pools[pool.index()].scraped.load_full()).clone()
+    }
+
+    pub fn set_override(&self, pool: SignalPool, kind: SignalKind, value: Option<f64>) {
+        let now = self.clock.now_ms();
+        self.overrides(pool).values[kind_index(kind)] = value.map(|v| (v, now));
+    }
+
+    /// Records a value computed by another background service (e.g. the SLA-violation rate from
+    /// the ledger); `Err` says why it is unavailable. It is subject to the same staleness bound.
+    pub fn record_external(&self, pool: SignalPool, kind: SignalKind, value: Result<f64, String>) {
+        let at = self.clock.now_ms();
+        let mut ext = self.pools[pool.index()]
+            .external
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        ext[kind_index(kind)] = Some(External { at, value });
+    }
+
+    fn external(&self, pool: SignalPool, kind: SignalKind) -> Option<External> {
+        let ext = self.pools[pool.index()]
+            .external
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        ext[kind_index(kind)].clone()
+    }
+
+    /// Records what Prometheus answered for one signal: the value with the age of the sample
+    /// itself (so a value Prometheus has held for a while is aged correctly), or why there is
+    /// none. Preferred over the direct scrape while fresh.
+    pub fn record_polled(
+        &self,
+        pool: SignalPool,
+        kind: SignalKind,
+        value: Result<(f64, Millis), String>,
+    ) {
+        let (age_at_receipt, value) = match value {
+            Ok((v, age)) => (age, Ok(v)),
+            Err(e) => (0, Err(e)),
+        };
+        let entry = Polled {
+            received: self.clock.now_ms(),
+            age_at_receipt,
+            value,
+        };
+        let mut polled = self.pools[pool.index()]
+            .polled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        polled[kind_index(kind)] = Some(entry);
+    }
+
+    fn polled(&self, pool: SignalPool, kind: SignalKind) -> Option<Polled> {
+        let polled = self.pools[pool.index()]
+            .polled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        polled[kind_index(kind)].clone()
+    }
+
+    pub fn set_prometheus_health(&self, health: PrometheusHealth) {
+        self.prometheus.store(Some(Arc::new(health)));
+    }
+
+    /// The Prometheus poller's last round, when it runs.
+    pub fn prometheus_health(&self) -> Option<Arc<PrometheusHealth>> {
+        self.prometheus.load_full()
+    }
+
+    /// Records which `signals.source` runs; the first call wins, as the samplers are started once.
+    pub fn set_source(&self, source: &'static str) {
+        let _ = self.source.set(source);
+    }
+
+    /// The `signals.source` that runs (`scrape` unless set).
+    pub fn source(&self) -> &'static str {
+        self.source.get().copied().unwrap_or("scrape")
+    }
+
+    pub fn stale_after_ms(&self) -> Millis {
+        self.stale_after_ms
+    }
+
+    /// Precedence: admin override > external (ledger) > Prometheus > direct scrape. A source
+    /// that has no fresh value is skipped, and the reading says why each one failed.
+    pub fn reading(&self, pool: SignalPool, kind: SignalKind, now: Millis) -> SignalReading {
+        if let Some((v, at)) = self.overrides(pool).values[kind_index(kind)] {
+            return SignalReading {
+                value: Some(v),
+                age_ms: Some(now.saturating_sub(at)),
+                source: "admin",
+                unavailable: None,
+            };
+        }
+        let unavailable = |why: String| SignalReading {
+            value: None,
+            age_ms: None,
+            source: "none",
+            unavailable: Some(why),
+        };
+        if let Some(ext) = self.external(pool, kind) {
+            let age = now.saturating_sub(ext.at);
+            return match ext.value {
+                _ if age > self.stale_after_ms => {
+                    unavailable(format!("stale: last sample {age} ms ago"))
+                }
+                Ok(v) => SignalReading {
+                    value: Some(v),
+                    age_ms: Some(age),
+                    source: "ledger",
+                    unavailable: None,
+                },
+                Err(e) => unavailable(e),
+            };
+        }
+        let Some(polled) = self.polled(pool, kind) else {
+            return self.scraped_reading(pool, kind, now);
+        };
+        let age = now.saturating_sub(polled.received) + polled.age_at_receipt;
+        let why = match polled.value {
+            Ok(v) if age <= self.stale_after_ms => {
+                return SignalReading {
+                    value: Some(v),
+                    age_ms: Some(age),
+                    source: "prometheus",
+                    unavailable: None,
+                }
+            }
+            Ok(_) => format!("prometheus: stale: sample is {age} ms old"),
+            Err(e) => format!("prometheus: {e}"),
+        };
+        if self.pools[pool.index()].scraped.load().is_none() {
+            return unavailable(why);
+        }
+        let scraped = self.scraped_reading(pool, kind, now);
+        match scraped.unavailable {
+            None => scraped,
+            Some(s) => unavailable(format!("{why}; scrape: {s}")),
+        }
+    }
+
+    fn scraped_reading(&self, pool: SignalPool, kind: SignalKind, now: Millis) -> SignalReading {
+        let unavailable = |why: String| SignalReading {
+            value: None,
+            age_ms: None,
+            source: "none",
+            unavailable: Some(why),
+        };
+        let round = self.pools[pool.index()].scraped.load();
+        let Some(round) = round.as_ref() else {
+            return unavailable(match kind {
+                SignalKind::SlaViolationRate => "no source: set /admin/sla-violation-rate".into(),
+                _ => "not scraped yet".into(),
+            });
+        };
+        let age = now.saturating_sub(round.at);
+        let value = match kind {
+            SignalKind::Pressure => round.pressure,
+            SignalKind::QueueDepth => round.queue_depth,
+            SignalKind::SlaViolationRate => {
+                return unavailable("no source: set /admin/sla-violation-rate".into())
+            }
+        };
+        if age > self.stale_after_ms {
+            return unavailable(format!("stale: last sample {age} ms ago"));
+        }
+        match value {
+            Some(v) => SignalReading {
+                value: Some(v),
+                age_ms: Some(age),
+                source: "scrape",
+                unavailable: None,
+            },
+            None => unavailable(
+                round
+                    .backends
+                    .iter()
+                    .find_map(|b| b.error.clone())
+                    .map(|e| format!("no backend answered: {e}"))
+                    .unwrap_or_else(|| format!("no backend exports {}", kind.as_str())),
+            ),
+        }
+    }
+
+    pub fn signals(&self, pool: SignalPool, now: Millis) -> PoolSignals {
+        let round = self.pools[pool.index()].scraped.load();
+        let fresh = round
+            .as_ref()
+            .as_ref()
+            .filter(|r| now.saturating_sub(r.at) <= self.stale_after_ms);
+        PoolSignals {
+            pressure: self.reading(pool, SignalKind::Pressure, now).value,
+            queue_depth: self.reading(pool, SignalKind::QueueDepth, now).value,
+            sla_violation_rate: self.reading(pool, SignalKind::SlaViolationRate, now).value,
+            queue_time_ms: fresh.and_then(|r| r.queue_time_ms),
+            ttft_ms: fresh.and_then(|r| r.ttft_ms),
+            inflight_work: Some(self.inflight_work()[pool.index()]),
+        }
+    }
+
+    /// Advances the policy by one sample, with the outcomes recorded since the last one, and
+    /// publishes the new state.
+    pub fn tick(&self) -> Arc<PolicyState> {
+        let now = self.clock.now_ms();
+        let on_demand = self.signals(SignalPool::OnDemand, now);
+        let spot = self.signals(SignalPool::Spot, now);
+        let mut outcomes: [Vec<Outcome>; 2] = Default::default();
+        {
+            let rx = self.outcomes.1.lock().unwrap_or_else(|e| e.into_inner());
+            while let Ok((pool, o)) = rx.try_recv() {
+                if let Some(v) = outcomes.get_mut(pool) {
+                    v.push(o);
+                }
+            }
+        }
+        for (v, pending) in outcomes.iter_mut().zip(self.outstanding_at(now)) {
+            v.extend(pending);
+        }
+        let state = Arc::new(self.engine_lock().sample(
+            &on_demand,
+            &spot,
+            [&outcomes[0], &outcomes[1]],
+            now,
+        ));
+        warn_of_unattainable_targets(&self.state.load(), &state);
+        self.state.store(Arc::clone(&state));
+        self.sampled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        state
+    }
+}
+
+/// Logs once, when it is first measured, a tier whose target is below its learned unloaded
+/// latency on a pool: the controller will not shed anyone for it, and an operator who set
+/// the target should hear why.
+fn warn_of_unattainable_targets(before: &PolicyState, now: &PolicyState) {
+    let pools = [Pool::OnDemand, Pool::Spot];
+    for ((pool, was), is) in pools.iter().zip(&before.pools).zip(&now.pools) {
+        for tier in Tier::ALL {
+            let i = tier.index();
+            if is.unattainable[i] && !was.unattainable[i] {
+                log::warn!(
+                    "{tier}'s SLA target is below its unloaded latency on the {} pool ({:.0} ms): no shedding can meet it, so it sheds nobody (see /status admission_control)",
+                    pool.as_str(),
+                    is.unloaded_ms[i].unwrap_or(0.0)
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_policy::PressureState;
+
+    #[test]
+    fn work_in_flight_is_given_back_when_the_request_ends() {
+        let hub = SignalHub::new(Clock::new(), 50, PolicyRules::default());
+        let a = hub.charge_work(1, 600, Tier::Standard, 0);
+        let b = hub.charge_work(1, 400, Tier::Standard, 0);
+        assert!(
+            hub.charge_work(2, 1, Tier::Standard, 0).is_none(),
+            "no such pool"
+        );
+        assert_eq!(hub.inflight_work(), [0.0, 1000.0]);
+        assert_eq!(hub.signals(SignalPool::Spot, 0).inflight_work, Some(1000.0));
+        drop(a);
+        assert_eq!(hub.inflight_work(), [0.0, 400.0]);
+        drop(b);
+        assert_eq!(hub.inflight_work(), [0.0, 0.0]);
+    }
+
+    /// A request counts as outstanding, with its age, from its charge until its context ends,
+    /// however it ends: the controller hears a stuck request before it answers.
+    #[test]
+    fn outstanding_requests_are_reported_with_their_age_until_they_end() {
+        let hub = SignalHub::new(Clock::new(), 50, PolicyRules::default());
+        let old = hub.charge_work(0, 100, Tier::Guaranteed, 1_000);
+        let young = hub.charge_work(0, 100, Tier::Standard, 2_500);
+        let spot = hub.charge_work(1, 100, Tier::BestEffort, 2_000);
+        let [od, sp] = hub.outstanding_at(3_000);
+        assert_eq!(
+            od,
+            [
+                Outcome::pending(3_000, Tier::Guaranteed, 2_000.0),
+                Outcome::pending(3_000, Tier::Standard, 500.0)
+            ]
+        );
+        assert_eq!(sp, [Outcome::pending(3_000, Tier::BestEffort, 1_000.0)]);
+        drop(old);
+        drop(spot);
+        let [od, sp] = hub.outstanding_at(3_000);
+        assert_eq!((od.len(), sp.len()), (1, 0));
+        drop(young);
+        assert!(hub.outstanding_at(3_000).iter().all(Vec::is_empty));
+    }
+
+    /// Charged on several workers (each its own shard), the work and the outstanding requests
+    /// are still one replica's: summed, and reported oldest first across the workers.
+    #[test]
+    fn work_charged_on_several_workers_is_summed_and_ordered_by_age() {
+        let hub = Arc::new(SignalHub::new(Clock::new(), 50, PolicyRules::default()));
+        let charges: Vec<WorkCharge> = [
+            (2_000, Tier::Standard),
+            (1_000, Tier::Guaranteed),
+            (1_500, Tier::BestEffort),
+        ]
+        .into_iter()
+        .map(|(since, tier)| {
+            let hub = Arc::clone(&hub);
+            std::thread::spawn(move || hub.charge_work(0, 100, tier, since).unwrap())
+                .join()
+                .unwrap()
+        })
+        .collect();
+        assert_eq!(hub.inflight_work(), [300.0, 0.0]);
+        let [od, _] = hub.outstanding_at(3_000);
+        assert_eq!(
+            od,
+            [
+                Outcome::pending(3_000, Tier::Guaranteed, 2_000.0),
+                Outcome::pending(3_000, Tier::BestEffort, 1_500.0),
+                Outcome::pending(3_000, Tier::Standard, 1_000.0),
+            ]
+        );
+        drop(charges);
+        assert_eq!(hub.inflight_work(), [0.0, 0.0]);
+        assert!(hub.outstanding_at(3_000).iter().all(Vec::is_empty));
+    }
+
+    #[test]
+    fn overrides_win_and_stale_samples_are_unavailable() {
+        let hub = SignalHub::new(Clock::new(), 50, PolicyRules::default());
+        let backends = vec![BackendScrape {
+            backend: "a".into(),
+            kv_usage: Some(0.4),
+            waiting: Some(2.0),
+            queue_time: None,
+            ttft: None,
+            error: None,
+        }];
+        hub.record_scrape(
+            SignalPool::OnDemand,
+            ScrapeRound::aggregate(hub.clock().now_ms(), backends),
+        );
+        let now = hub.clock().now_ms();
+        let r = hub.reading(SignalPool::OnDemand, SignalKind::Pressure, now);
+        assert_eq!((r.value, r.source), (Some(40.0), "scrape"));
+        hub.set_override(SignalPool::OnDemand, SignalKind::Pressure, Some(65.0));
+        assert_eq!(hub.signals(SignalPool::OnDemand, now).pressure, Some(65.0));
+        hub.set_override(SignalPool::OnDemand, SignalKind::Pressure, None);
+        let later = now + 100;
+        let r = hub.reading(SignalPool::OnDemand, SignalKind::QueueDepth, later);
+        assert_eq!(r.value, None);
+        assert!(r.unavailable.unwrap().starts_with("stale"));
+    }
+
+    #[test]
+    fn prometheus_wins_while_fresh_and_the_scrape_stands_in() {
+        let hub = SignalHub::new(Clock::new(), 1000, PolicyRules::default());
+        let pool = SignalPool::OnDemand;
+        let kv = |v| {
+            vec![BackendScrape {
+                backend: "a".into(),
+                kv_usage: Some(v),
+                waiting: None,
+                queue_time: None,
+                ttft: None,
+                error: None,
+            }]
+        };
+        hub.record_scrape(pool, ScrapeRound::aggregate(hub.clock().now_ms(), kv(0.4)));
+        hub.record_polled(pool, SignalKind::Pressure, Ok((75.0, 10)));
+        let now = hub.clock().now_ms();
+        let r = hub.reading(pool, SignalKind::Pressure, now);
+        assert_eq!((r.value, r.source), (Some(75.0), "prometheus"));
+        assert!(r.age_ms.unwrap() >= 10, "the sample's own age counts");
+
+        hub.record_polled(pool, SignalKind::Pressure, Err("unreachable".into()));
+        let r = hub.reading(pool, SignalKind::Pressure, now);
+        assert_eq!((r.value, r.source), (Some(40.0), "scrape"));
+
+        hub.record_polled(pool, SignalKind::Pressure, Ok((75.0, 5000)));
+        let r = hub.reading(pool, SignalKind::Pressure, now);
+        assert_eq!(
+            (r.value, r.source),
+            (Some(40.0), "scrape"),
+            "stale is skipped"
+        );
+
+        // From the clock after the sample's receipt: `now` was read before it, and a millisecond
+        // tick in between made the age 6999.
+        let later = hub.clock().now_ms() + 2000;
+        let why = hub
+            .reading(pool, SignalKind::Pressure, later)
+            .unavailable
+            .unwrap();
+        assert!(
+            why.starts_with("prometheus: stale: sample is 7") && why.contains("; scrape: stale"),
+            "{why}"
+        );
+
+        hub.set_override(pool, SignalKind::Pressure, Some(10.0));
+        let r = hub.reading(pool, SignalKind::Pressure, later);
+        assert_eq!((r.value, r.source), (Some(10.0), "admin"));
+
+        // Prometheus alone (no scrape ever): only its reason.
+        let spot = SignalPool::Spot;
+        hub.record_polled(spot, SignalKind::QueueDepth, Err("value is NaN".into()));
+        let r = hub.reading(spot, SignalKind::QueueDepth, later);
+        assert_eq!(r.unavailable.as_deref(), Some("prometheus: value is NaN"));
+    }
+
+    #[test]
+    fn ticks_drive_the_engine() {
+        let rules = PolicyRules {
+            mode: sluice_policy::PolicyMode::Thresholds,
+            ..PolicyRules::default()
+        };
+        let hub = SignalHub::new(Clock::new(), 60_000, rules);
+        hub.set_override(SignalPool::OnDemand, SignalKind::Pressure, Some(65.0));
+        hub.tick();
+        let s = hub.tick();
+        assert_eq!(
+            s.tier(sluice_policy::Tier::BestEffort).state,
+            PressureState::Critical
+        );
+        assert_eq!(
+            s.tier(sluice_policy::Tier::Guaranteed).state,
+            PressureState::Normal
+        );
+    }
+}
