@@ -19,7 +19,7 @@ async fn operations_are_not_served_on_the_tenant_listener() {
     let status: Value = get_json(&s.ops_url("/status")).await;
     assert!(status["tiers"].is_array(), "{status}");
     let metrics = s.metrics().await;
-    assert!(metrics.contains("sluice_decisions_total"), "{metrics}");
+    assert!(metrics.contains("sluice_admission_level"), "{metrics}");
     // On the tenant listener the same paths are the backend's: vLLM's metrics, and vLLM's 404
     // for a path it does not serve. Nothing of Sluice's state leaks there.
     let r = c
