@@ -790,7 +790,7 @@ fn writer_throughput() {
     ledger.drain();
     let secs = t.elapsed().as_secs_f64();
     let status = ledger.status();
-    assert_eq!(status["rows_written"], n);
+    assert_eq!(status.rows_written, n as u64);
     println!(
         "ledger writer: {n} rows in {secs:.2} s = {:.0} rows/s (batch_rows {})",
         n as f64 / secs,
@@ -915,10 +915,10 @@ fn a_row_postgres_refuses_is_dropped_alone() {
     }
     ledger.drain();
     let s = ledger.status();
-    assert_eq!(s["rows_written"], 2, "{s}");
-    assert_eq!(s["rows_rejected"], 1);
-    assert_eq!(s["spooled_rows"], 0);
-    assert_eq!(s["reachable"], true);
+    assert_eq!(s.rows_written, 2, "{s:?}");
+    assert_eq!(s.rows_rejected, 1);
+    assert_eq!(s.spooled_rows, 0);
+    assert!(s.reachable);
 }
 
 /// A tiny deterministic generator, so a failing case can be replayed.
@@ -1111,9 +1111,9 @@ fn fresh_rows_are_copied_with_their_queue_events_and_a_reused_id_still_lands_onc
     }
     ledger.drain();
     let s = ledger.status();
-    assert_eq!(s["rows_written"], 120, "{s}");
-    assert_eq!(s["rows_duplicate"], 1, "{s}");
-    assert_eq!(s["rows_rejected"], 0, "{s}");
+    assert_eq!(s.rows_written, 120, "{s:?}");
+    assert_eq!(s.rows_duplicate, 1, "{s:?}");
+    assert_eq!(s.rows_rejected, 0, "{s:?}");
     let mut c = pg();
     let count =
         |c: &mut postgres::Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };

@@ -6,7 +6,7 @@ mod common;
 use common::{free_port, shared_redis_url, PrivateRedis, RedisNs};
 use sluice_policy::{Reason, Tier};
 use sluice_runtime::admission::{
-    Admission, AdmissionControl, QueueParams, RedisAdmission, RedisSettings,
+    Admission, AdmissionControl, QueueParams, RedisAdmission, RedisSettings, SharedStoreHealth,
 };
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -80,6 +80,13 @@ impl NsExt for Ns {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+}
+
+/// The Redis coordinator's store health (it always has one).
+fn store(a: &RedisAdmission) -> SharedStoreHealth {
+    a.health()
+        .shared
+        .expect("the Redis coordinator reports its store")
 }
 
 fn q(max_size: usize, wait_ms: u64) -> Option<QueueParams> {
@@ -287,10 +294,10 @@ async fn a_dead_coordinators_slots_are_reclaimed_within_the_lease() {
     assert!(reclaimed.1 <= Duration::from_millis(lease + 100));
     // The two leaked leases were taken milliseconds apart, so the admit that succeeded may
     // have found only the first one expired; the second goes back on the next script run.
-    while survivor.health()["reclaimed_leases_total"] != 2 {
+    while store(&survivor).reclaimed_leases_total != 2 {
         assert!(
             died.elapsed() < Duration::from_millis(lease + 500),
-            "second leaked lease not reclaimed: {}",
+            "second leaked lease not reclaimed: {:?}",
             survivor.health()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -301,7 +308,7 @@ async fn a_dead_coordinators_slots_are_reclaimed_within_the_lease() {
         2,
         "live leases were renewed"
     );
-    assert_eq!(survivor.health()["lost_leases_total"], 0);
+    assert_eq!(store(&survivor).lost_leases_total, 0);
     drop((mine, reclaimed));
     ns.wait_empty(Tier::Standard, "slots").await;
 }
@@ -328,19 +335,19 @@ async fn redis_outage_fails_open_visibly_and_admission_returns_to_redis() {
         assert!(started.elapsed() < Duration::from_millis(300), "bounded");
         during.push(r);
     }
-    let h = a.health();
-    assert_eq!(h["reachable"], false);
-    assert_eq!(h["fail_open_total"], 5);
-    assert_eq!(h["fail_open_inflight"], 5);
-    assert!(h["last_error"].is_string());
+    let h = store(&a);
+    assert!(!h.reachable);
+    assert_eq!(h.fail_open_total, 5);
+    assert_eq!(h.fail_open_inflight, 5);
+    assert!(h.last_error.is_some());
     drop(during);
     drop(held);
-    assert_eq!(a.health()["fail_open_inflight"], 0);
+    assert_eq!(store(&a).fail_open_inflight, 0);
 
     let redis = PrivateRedis::start(redis.port).await;
     let redis_pid = redis.child.id();
     let start = Instant::now();
-    while a.health()["reachable"] != true {
+    while !store(&a).reachable {
         assert!(start.elapsed() < Duration::from_secs(5), "reconnects");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -349,15 +356,15 @@ async fn redis_outage_fails_open_visibly_and_admission_returns_to_redis() {
         start.elapsed()
     );
     let r = a.admit(Tier::Standard, 1, None).await;
-    assert_eq!(outcome(&r), Ok(false), "enforced again: {}", a.health());
+    assert_eq!(outcome(&r), Ok(false), "enforced again: {:?}", a.health());
     assert_eq!(
         outcome(&a.admit(Tier::Standard, 1, None).await),
         Err(Reason::TierAtCapacity)
     );
     drop(r);
     ns.wait_empty(Tier::Standard, "slots").await;
-    assert_eq!(a.health()["held_slots"], 0);
-    assert_eq!(a.health()["fail_open_total"], 5);
+    assert_eq!(store(&a).held_slots, 0);
+    assert_eq!(store(&a).fail_open_total, 5);
 
     // A hung Redis (stopped, connection open) costs one op timeout, then nothing.
     let signal = |sig: &str| {
@@ -389,7 +396,7 @@ async fn redis_outage_fails_open_visibly_and_admission_returns_to_redis() {
     drop((r, r2));
     signal("-CONT");
     let start = Instant::now();
-    while a.health()["reachable"] != true {
+    while !store(&a).reachable {
         assert!(start.elapsed() < Duration::from_secs(5), "recovers");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -435,7 +442,7 @@ fn coordination_config_defaults_overrides_and_validation() {
     assert_eq!(c.coordination.lease_ms(), 2000);
     let (a, services) = sluice_runtime::admission::build(&c).unwrap();
     assert_eq!((a.kind(), services.len()), ("redis", 1));
-    assert_eq!(a.health()["reachable"], false, "not connected before start");
+    assert!(!a.health().healthy, "not connected before start");
 
     for (yaml, expected) in [
         (
@@ -487,10 +494,7 @@ async fn credits_spare_round_trips_far_from_the_bound_and_keep_it_exact() {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let served_from_credits: u64 = cs
-        .iter()
-        .map(|c| c.health()["credit_admissions_total"].as_u64().unwrap())
-        .sum();
+    let served_from_credits: u64 = cs.iter().map(|c| store(c).credit_admissions_total).sum();
     assert!(
         served_from_credits >= 500,
         "{served_from_credits} of 600 admissions came from credits"
@@ -514,7 +518,7 @@ async fn credits_spare_round_trips_far_from_the_bound_and_keep_it_exact() {
     }
     // Contended: the idle credits went back, so the tier filled to its last slot.
     assert_eq!(held.len(), CAP as usize);
-    assert!(cs.iter().all(|c| c.health()["idle_credits"] == 0));
+    assert!(cs.iter().all(|c| store(c).idle_credits == 0));
     drop(held);
     for c in &cs {
         c.retire_credits().await;

@@ -26,6 +26,7 @@ use super::spool::Spool;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use serde::Serialize;
 use serde_json::{json, Value};
 use sluice_record::decision::{DecisionRecord, DecisionSink};
 use std::collections::VecDeque;
@@ -555,55 +556,134 @@ impl Ledger {
         }
     }
 
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> LedgerStatus {
         let s = &self.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let last = load(&s.last_flush);
         let now = self.now_ms();
-        let inflight = load(&s.inflight_rows);
         let sla = lock(&self.sla).clone().map(|r| {
-            let mut v = match r.value {
-                Ok(w) => json!({
-                    "rate": w.rate(),
-                    "completed": w.completed,
-                    "violated": w.violated,
-                    "per_tier": w.per_tier.iter().map(|(t, (c, v))| (t.clone(), json!({
-                        "completed": c,
-                        "violated": v,
-                        "rate": if *c == 0 { 0.0 } else { *v as f64 / *c as f64 },
-                    }))).collect::<serde_json::Map<_, _>>(),
-                }),
-                Err(e) => json!({"rate": null, "error": e}),
+            let (window, error) = match r.value {
+                Ok(w) => (Some(SlaStatus::from(&w)), None),
+                Err(e) => (None, Some(e)),
             };
-            v["computed_ms_ago"] = json!(r.at.elapsed().as_millis() as u64);
-            v
+            SlaView {
+                rate: window.as_ref().map(|w| w.rate),
+                window,
+                error,
+                computed_ms_ago: r.at.elapsed().as_millis() as u64,
+            }
         });
-        json!({
-            "sink": "postgres",
-            "schema": self.db.schema(),
-            "reachable": self.reachable(),
-            "migrated": s.migrated.load(Ordering::Relaxed),
-            "buffered_rows": self.buffered(),
-            "inflight_rows": inflight,
-            "spooled_rows": load(&s.spooled_rows),
-            "spool_bytes": load(&s.spool_bytes),
-            "spool_dir": self.spool_dir,
-            "last_flush_ms_ago": (last > 0).then(|| now.saturating_sub(last - 1)),
-            "rows_written": load(&s.rows_written),
-            "rows_duplicate": load(&s.rows_duplicate),
-            "batches_written": load(&s.batches_written),
-            "rows_spilled": load(&s.rows_spilled),
-            "rows_rejected": load(&s.rows_rejected),
-            "flush_errors": load(&s.flush_errors),
-            "dropped": load(&s.dropped_buffer_full) + load(&s.dropped_spool_full),
-            "dropped_buffer_full": load(&s.dropped_buffer_full),
-            "dropped_spool_full": load(&s.dropped_spool_full),
-            "spool_corrupt_lines": load(&s.spool_corrupt),
-            "last_error": lock(&self.last_error).clone(),
-            "sla_window_seconds": self.sla_window_seconds,
-            "sla_window_requests": self.sla_window_requests,
-            "sla": sla,
-        })
+        LedgerStatus {
+            sink: "postgres",
+            schema: self.db.schema().to_string(),
+            reachable: self.reachable(),
+            migrated: s.migrated.load(Ordering::Relaxed),
+            buffered_rows: self.buffered(),
+            inflight_rows: load(&s.inflight_rows),
+            spooled_rows: load(&s.spooled_rows),
+            spool_bytes: load(&s.spool_bytes),
+            spool_dir: self.spool_dir.clone(),
+            last_flush_ms_ago: (last > 0).then(|| now.saturating_sub(last - 1)),
+            rows_written: load(&s.rows_written),
+            rows_duplicate: load(&s.rows_duplicate),
+            batches_written: load(&s.batches_written),
+            rows_spilled: load(&s.rows_spilled),
+            rows_rejected: load(&s.rows_rejected),
+            flush_errors: load(&s.flush_errors),
+            dropped: load(&s.dropped_buffer_full) + load(&s.dropped_spool_full),
+            dropped_buffer_full: load(&s.dropped_buffer_full),
+            dropped_spool_full: load(&s.dropped_spool_full),
+            spool_corrupt_lines: load(&s.spool_corrupt),
+            last_error: lock(&self.last_error).clone(),
+            sla_window_seconds: self.sla_window_seconds,
+            sla_window_requests: self.sla_window_requests,
+            sla,
+        }
+    }
+}
+
+/// The ledger in `/status`: where rows are (buffered, in flight, spooled), what was written,
+/// rejected or dropped, and the SLA-violation window it computes.
+#[derive(Debug, Clone, Serialize)]
+pub struct LedgerStatus {
+    pub sink: &'static str,
+    pub schema: String,
+    pub reachable: bool,
+    pub migrated: bool,
+    pub buffered_rows: usize,
+    pub inflight_rows: u64,
+    pub spooled_rows: u64,
+    pub spool_bytes: u64,
+    pub spool_dir: String,
+    pub last_flush_ms_ago: Option<u64>,
+    pub rows_written: u64,
+    pub rows_duplicate: u64,
+    pub batches_written: u64,
+    pub rows_spilled: u64,
+    pub rows_rejected: u64,
+    pub flush_errors: u64,
+    pub dropped: u64,
+    pub dropped_buffer_full: u64,
+    pub dropped_spool_full: u64,
+    pub spool_corrupt_lines: u64,
+    pub last_error: Option<String>,
+    pub sla_window_seconds: u64,
+    pub sla_window_requests: Option<u64>,
+    pub sla: Option<SlaView>,
+}
+
+/// The SLA-violation window's last computation: the figures, or why there are none.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlaView {
+    /// Null when the last computation failed.
+    pub rate: Option<f64>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub window: Option<SlaStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub computed_ms_ago: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SlaStatus {
+    #[serde(skip)]
+    pub rate: f64,
+    pub completed: u64,
+    pub violated: u64,
+    pub per_tier: std::collections::BTreeMap<String, TierSla>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TierSla {
+    pub completed: u64,
+    pub violated: u64,
+    pub rate: f64,
+}
+
+impl From<&super::db::SlaWindow> for SlaStatus {
+    fn from(w: &super::db::SlaWindow) -> Self {
+        SlaStatus {
+            rate: w.rate(),
+            completed: w.completed,
+            violated: w.violated,
+            per_tier: w
+                .per_tier
+                .iter()
+                .map(|(t, &(completed, violated))| {
+                    let rate = if completed == 0 {
+                        0.0
+                    } else {
+                        violated as f64 / completed as f64
+                    };
+                    let sla = TierSla {
+                        completed,
+                        violated,
+                        rate,
+                    };
+                    (t.clone(), sla)
+                })
+                .collect(),
+        }
     }
 }
 
@@ -617,7 +697,11 @@ impl DecisionSink for LedgerSink {
     }
 
     fn status(&self) -> Value {
-        self.0.status()
+        serde_json::to_value(self.0.status()).unwrap_or(Value::Null)
+    }
+
+    fn healthy(&self) -> Option<bool> {
+        Some(self.0.reachable())
     }
 
     /// The drain's last call: wait for the writer while PostgreSQL takes the rows, and spool
@@ -791,20 +875,20 @@ mod tests {
         assert_eq!(l.step(), Step::Failed);
         assert!(!l.reachable());
         assert_eq!(l.memory_rows(), 0, "nothing left only in memory");
-        assert_eq!(l.status()["spooled_rows"], 3);
+        assert_eq!(l.status().spooled_rows, 3);
         for i in 3..9 {
             l.push(rec(i));
         }
         assert_eq!(
-            l.status()["dropped_buffer_full"],
+            l.status().dropped_buffer_full,
             2,
             "a full buffer drops, counted"
         );
         l.spill();
         assert_eq!(spooled_ids(&l), ["r0", "r1", "r2", "r3", "r4", "r5", "r6"]);
         let s = l.status();
-        assert_eq!(s["dropped"], 2);
-        assert!(s["last_error"].as_str().unwrap().contains("migrating"));
+        assert_eq!(s.dropped, 2);
+        assert!(s.last_error.unwrap().contains("migrating"));
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -13,8 +13,13 @@ use std::sync::Arc;
 #[async_trait]
 pub trait DecisionSink: Send + Sync {
     fn record(&self, record: Arc<DecisionRecord>);
-    /// Health for `/status` (buffered, spooled, last flush, dropped …).
+    /// The sink's own status for `/status` (buffered, spooled, last flush, dropped …),
+    /// serialised from its typed form: `/status` only passes it through.
     fn status(&self) -> serde_json::Value;
+    /// Whether the sink's store is reachable now; `None` for a sink without one.
+    fn healthy(&self) -> Option<bool> {
+        None
+    }
     /// Called once when the process drains: persist what is buffered (to the database, or to
     /// local spool for the next start) within `timeout`.
     async fn flush(&self, _timeout: std::time::Duration) {}

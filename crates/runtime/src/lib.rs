@@ -12,7 +12,7 @@ pub mod log_writer;
 pub mod metrics;
 pub mod pools;
 pub mod quota;
-mod redis_conn;
+pub mod redis_link;
 pub mod replica;
 pub mod ring;
 pub mod signals;

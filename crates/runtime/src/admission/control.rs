@@ -121,9 +121,57 @@ pub trait AdmissionControl: Send + Sync {
     /// Which coordinator this is (`local`, `redis`), for `/status`.
     fn kind(&self) -> &'static str;
     /// Coordinator health for `/status` (reachability, fail-open count …).
-    fn health(&self) -> serde_json::Value {
-        serde_json::json!({"coordinator": self.kind(), "healthy": true})
+    fn health(&self) -> CoordinatorHealth {
+        CoordinatorHealth::in_process(self.kind())
     }
+}
+
+/// A coordinator's health, for `/status`, `/readyz`'s dependencies and the coordinator event
+/// counters. The shared-store fields are absent for the in-process coordinator.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CoordinatorHealth {
+    pub coordinator: &'static str,
+    pub healthy: bool,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedStoreHealth>,
+}
+
+impl CoordinatorHealth {
+    pub fn in_process(kind: &'static str) -> Self {
+        CoordinatorHealth {
+            coordinator: kind,
+            healthy: true,
+            shared: None,
+        }
+    }
+
+    /// Totals the coordinator owns (zero without a shared store).
+    pub fn fail_open_total(&self) -> u64 {
+        self.shared.as_ref().map_or(0, |s| s.fail_open_total)
+    }
+    pub fn reclaimed_leases_total(&self) -> u64 {
+        self.shared.as_ref().map_or(0, |s| s.reclaimed_leases_total)
+    }
+    pub fn lost_leases_total(&self) -> u64 {
+        self.shared.as_ref().map_or(0, |s| s.lost_leases_total)
+    }
+}
+
+/// What a coordinator backed by a shared store (Redis) adds to its health.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SharedStoreHealth {
+    pub reachable: bool,
+    pub last_error: Option<String>,
+    pub fail_open_total: u64,
+    pub fail_open_inflight: u64,
+    pub reclaimed_leases_total: u64,
+    pub lost_leases_total: u64,
+    pub held_slots: usize,
+    pub idle_credits: usize,
+    pub credit_admissions_total: u64,
+    pub lease_ms: u64,
+    pub status_age_ms: Option<u64>,
+    pub replica: String,
 }
 
 type Release = Box<dyn FnOnce() + Send + Sync>;

@@ -35,13 +35,12 @@
 
 use super::credits::{self, Credits};
 use super::{Admission, AdmissionControl, Claim, FairShareSettings, QueueParams, Slot};
-use super::{TenantShare, TierAdmission};
-use arc_swap::ArcSwapOption;
+use super::{CoordinatorHealth, SharedStoreHealth, TenantShare, TierAdmission};
+use crate::redis_link::{Messages, RedisError, RedisLink, Retry};
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::ServiceWithDependents;
-use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 use sluice_config::Config;
 use sluice_policy::fair;
@@ -212,19 +211,15 @@ impl TierKeys {
     }
 }
 
-#[derive(Default)]
-struct Health {
-    /// The most recent failure, kept after recovery for diagnosis.
-    last_error: Option<String>,
-    refreshed_at: Option<Instant>,
-}
-
 struct Inner {
-    client: redis::Client,
-    conn: ArcSwapOption<ConnectionManager>,
+    /// Admission consults Redis only while it is reachable; any failed call clears that and
+    /// any successful one sets it again (the status refresher probes every 250 ms), so during
+    /// an outage requests pay nothing but the bound — not a timeout each.
+    link: RedisLink,
+    /// When the status refresher last succeeded.
+    refreshed_at: Mutex<Option<Instant>>,
     keys: [TierKeys; 3],
     lease_ms: u64,
-    op_timeout: Duration,
     replica: String,
     next_id: AtomicU64,
     /// This replica's live leases, renewed by the background task.
@@ -237,11 +232,6 @@ struct Inner {
     queued: [AtomicU64; 3],
     waiting: [Mutex<Vec<TenantShare>>; 3],
     fair: FairShareSettings,
-    /// Admission consults Redis only while this is set; cleared by any failed call and set
-    /// again by any successful one (the status refresher probes every 250 ms), so during an
-    /// outage requests pay nothing but the bound — not a timeout each.
-    reachable: AtomicBool,
-    health: Mutex<Health>,
     fail_open_total: AtomicU64,
     fail_open_inflight: AtomicU64,
     reclaimed_total: AtomicU64,
@@ -272,19 +262,28 @@ impl RedisAdmission {
     /// Parses the URL; connecting happens in [`connect`](Self::connect) or the background task,
     /// so a Redis that is down at startup only means failing open until it is up.
     pub fn new(s: RedisSettings) -> Result<Self, String> {
-        let client = redis::Client::open(s.url.as_str())
-            .map_err(|e| format!("redis_url {:?}: {e}", s.url))?;
+        let link = RedisLink::open(
+            &s.url,
+            s.op_timeout,
+            STATUS_EVERY,
+            SCRIPTS.all().to_vec(),
+            // Every script is idempotent per member id, so a retry never takes a second slot.
+            Retry::RefusedOrIo,
+            Messages {
+                up: "redis admission coordinator reachable: enforcing shared bounds",
+                down: "redis admission coordinator unreachable, admitting fail-open",
+            },
+        )?;
         let keys = Tier::ALL.map(|t| TierKeys::new(format!("{}:{}", s.prefix, t.as_str())));
         let nonce = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish() as u32;
         Ok(Self {
             inner: Arc::new(Inner {
-                client,
-                conn: ArcSwapOption::empty(),
+                link,
+                refreshed_at: Mutex::default(),
                 keys,
                 lease_ms: (s.lease.as_millis() as u64).max(1),
-                op_timeout: s.op_timeout,
                 replica: format!("{}-{nonce:08x}", s.replica),
                 next_id: AtomicU64::new(0),
                 held: Default::default(),
@@ -294,8 +293,6 @@ impl RedisAdmission {
                 queued: Default::default(),
                 waiting: Default::default(),
                 fair: s.fair_share,
-                reachable: AtomicBool::new(false),
-                health: Mutex::default(),
                 fail_open_total: AtomicU64::new(0),
                 fail_open_inflight: AtomicU64::new(0),
                 reclaimed_total: AtomicU64::new(0),
@@ -312,7 +309,7 @@ impl RedisAdmission {
 
     /// Connects (one attempt) and preloads the scripts. The background task calls this until
     /// it succeeds; afterwards the connection manager reconnects by itself.
-    pub async fn connect(&self) -> Result<(), String> {
+    pub async fn connect(&self) -> Result<(), RedisError> {
         self.inner.connect().await
     }
 
@@ -413,20 +410,6 @@ impl Inner {
         format!("{}:{kind}{n}", self.replica)
     }
 
-    fn mark_reachable(&self) {
-        // Called on every successful call: one atomic, no lock, on the request path.
-        if !self.reachable.swap(true, Ordering::AcqRel) {
-            log::info!("redis admission coordinator reachable: enforcing shared bounds");
-        }
-    }
-
-    fn mark_unreachable(&self, error: &str) {
-        if self.reachable.swap(false, Ordering::AcqRel) {
-            log::warn!("redis admission coordinator unreachable, admitting fail-open: {error}");
-        }
-        lock(&self.health).last_error = Some(error.to_string());
-    }
-
     fn count_reclaimed(&self, n: u64) {
         if n > 0 {
             self.reclaimed_total.fetch_add(n, Ordering::Relaxed);
@@ -436,68 +419,15 @@ impl Inner {
         }
     }
 
-    /// Runs a script, bounded by the op timeout; every outcome updates reachability.
-    async fn call<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Result<T, String> {
-        self.bounded(|mut conn| async move { inv.invoke_async(&mut conn).await })
-            .await
+    async fn call<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Result<T, RedisError> {
+        self.link.call(inv).await
     }
 
-    /// Runs `op` on the shared connection, bounded by the op timeout; every outcome updates
-    /// reachability.
-    async fn bounded<T, F, Fut>(&self, op: F) -> Result<T, String>
-    where
-        F: Fn(ConnectionManager) -> Fut,
-        Fut: std::future::Future<Output = redis::RedisResult<T>>,
-    {
-        let Some(conn) = self.conn.load_full() else {
-            let e = "not connected".to_string();
-            self.mark_unreachable(&e);
-            return Err(e);
-        };
-        let conn = ConnectionManager::clone(&conn);
-        let attempt = async {
-            match op(conn.clone()).await {
-                // After an outage the manager hands the first caller its last failed reconnect
-                // (made while Redis was down) and only then reconnects; one retry, inside the
-                // same timeout, reaches the restarted server. Every script is idempotent per
-                // member id, so a retry never takes a second slot.
-                Err(e) if e.is_io_error() || e.is_connection_refusal() => op(conn).await,
-                out => out,
-            }
-        };
-        let out = match tokio::time::timeout(self.op_timeout, attempt).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!(
-                "no answer within {} ms",
-                self.op_timeout.as_millis()
-            )),
-        };
-        match &out {
-            Ok(_) => self.mark_reachable(),
-            Err(e) => self.mark_unreachable(e),
-        }
-        out
+    async fn connect(&self) -> Result<(), RedisError> {
+        self.link.connect().await
     }
 
-    async fn connect(&self) -> Result<(), String> {
-        let out = self.try_connect().await;
-        if let Err(e) = &out {
-            self.mark_unreachable(e);
-        }
-        out
-    }
-
-    async fn try_connect(&self) -> Result<(), String> {
-        let conn =
-            crate::redis_conn::connect(&self.client, self.op_timeout, STATUS_EVERY, &SCRIPTS.all())
-                .await?;
-        self.conn.store(Some(Arc::new(conn)));
-        self.mark_reachable();
-        Ok(())
-    }
-
-    async fn refresh(&self) -> Result<(), String> {
+    async fn refresh(&self) -> Result<(), RedisError> {
         let mut inv = SCRIPTS.status.prepare_invoke();
         for k in &self.keys {
             k.add_keys(&mut inv);
@@ -523,7 +453,7 @@ impl Inner {
             self.count_reclaimed(reclaimed);
             *lock(&self.waiting[i]) = tenant_shares(&waiting);
         }
-        lock(&self.health).refreshed_at = Some(Instant::now());
+        *lock(&self.refreshed_at) = Some(Instant::now());
         Ok(())
     }
 
@@ -533,7 +463,7 @@ impl Inner {
         let mut failures = 0u32;
         loop {
             tick.tick().await;
-            let connected = self.conn.load().is_some();
+            let connected = self.link.connected();
             if !connected || failures >= RECONNECT_AFTER_FAILURES {
                 match self.connect().await {
                     Ok(()) => failures = 0,
@@ -620,7 +550,7 @@ impl Inner {
                 _ = self.credit_wake.notified() => {}
                 _ = tokio::time::sleep(STATUS_EVERY) => {}
             }
-            if !self.reachable.load(Ordering::Acquire) {
+            if !self.link.reachable() {
                 continue;
             }
             for tier in Tier::ALL {
@@ -721,6 +651,7 @@ impl Inner {
         let pipe = &pipe;
         // On failure the leases, no longer renewed, expire by themselves.
         let _ = self
+            .link
             .bounded(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
             .await;
     }
@@ -836,7 +767,7 @@ impl AdmissionControl for RedisAdmission {
     ) -> Admission {
         let inner = &self.inner;
         inner.capacity[tier.index()].store(capacity, Ordering::Relaxed);
-        if !inner.reachable.load(Ordering::Acquire) {
+        if !inner.link.reachable() {
             return self.fail_open(None);
         }
         if let Some(slot) = self.credit_slot(tier, capacity) {
@@ -997,27 +928,31 @@ impl AdmissionControl for RedisAdmission {
         "redis"
     }
 
-    fn health(&self) -> serde_json::Value {
+    fn health(&self) -> CoordinatorHealth {
         let inner = &self.inner;
-        let reachable = inner.reachable.load(Ordering::Acquire);
-        let h = lock(&inner.health);
-        let held: usize = Tier::ALL.iter().map(|&t| inner.held(t).len()).sum();
-        serde_json::json!({
-            "coordinator": "redis",
-            "healthy": reachable,
-            "reachable": reachable,
-            "last_error": h.last_error,
-            "fail_open_total": inner.fail_open_total.load(Ordering::Relaxed),
-            "fail_open_inflight": inner.fail_open_inflight.load(Ordering::Relaxed),
-            "reclaimed_leases_total": inner.reclaimed_total.load(Ordering::Relaxed),
-            "lost_leases_total": inner.lost_total.load(Ordering::Relaxed),
-            "held_slots": held,
-            "idle_credits": Tier::ALL.iter().map(|&t| lock(&inner.credits[t.index()]).idle.len()).sum::<usize>(),
-            "credit_admissions_total": inner.credit_admissions_total.load(Ordering::Relaxed),
-            "lease_ms": inner.lease_ms,
-            "status_age_ms": h.refreshed_at.map(|t| t.elapsed().as_millis() as u64),
-            "replica": inner.replica,
-        })
+        let reachable = inner.link.reachable();
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CoordinatorHealth {
+            coordinator: "redis",
+            healthy: reachable,
+            shared: Some(SharedStoreHealth {
+                reachable,
+                last_error: inner.link.last_error(),
+                fail_open_total: load(&inner.fail_open_total),
+                fail_open_inflight: load(&inner.fail_open_inflight),
+                reclaimed_leases_total: load(&inner.reclaimed_total),
+                lost_leases_total: load(&inner.lost_total),
+                held_slots: Tier::ALL.iter().map(|&t| inner.held(t).len()).sum(),
+                idle_credits: Tier::ALL
+                    .iter()
+                    .map(|&t| lock(&inner.credits[t.index()]).idle.len())
+                    .sum(),
+                credit_admissions_total: load(&inner.credit_admissions_total),
+                lease_ms: inner.lease_ms,
+                status_age_ms: lock(&inner.refreshed_at).map(|t| t.elapsed().as_millis() as u64),
+                replica: inner.replica.clone(),
+            }),
+        }
     }
 }
 
@@ -1505,7 +1440,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(ns.zcard(&k.slots).await, 0, "the slot was released");
-        assert_eq!(a.health()["held_slots"], 0);
+        assert_eq!(a.health().shared.unwrap().held_slots, 0);
     }
 
     #[tokio::test]
@@ -1522,11 +1457,12 @@ mod tests {
         }
         assert!(started.elapsed() < Duration::from_millis(50));
         let h = a.health();
-        assert_eq!(h["coordinator"], "redis");
-        assert_eq!(h["reachable"], false);
-        assert_eq!(h["fail_open_total"], 3);
-        assert_eq!(h["fail_open_inflight"], 0, "fail-open slots were dropped");
-        assert!(h["last_error"].as_str().unwrap().contains("connecting"));
+        assert_eq!(h.coordinator, "redis");
+        let h = h.shared.unwrap();
+        assert!(!h.reachable);
+        assert_eq!(h.fail_open_total, 3);
+        assert_eq!(h.fail_open_inflight, 0, "fail-open slots were dropped");
+        assert!(h.last_error.unwrap().contains("connecting"));
         assert_eq!(a.kind(), "redis");
     }
 

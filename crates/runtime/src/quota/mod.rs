@@ -26,7 +26,7 @@ use local::LocalBuckets;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::ServiceWithDependents;
-use serde_json::{json, Value};
+use serde::Serialize;
 use sluice_config::{Config, QuotaConfig};
 use sluice_policy::Tier;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -207,45 +207,58 @@ impl Quotas {
 
     /// `/status`: where budgets live, and each budgeted tenant's buckets (the first
     /// `metrics.max_tenants`, like the tenant label set).
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> QuotaStatus {
         let budgets = self.budgets.load();
         let max = self.max_listed.load(Ordering::Relaxed);
-        let tenants: Vec<Value> = budgets
+        let tenants = budgets
             .iter()
             .take(max)
             .map(|(tenant, q)| {
                 let v = self.local.peek(tenant, q);
-                let mut t = json!({"tenant": tenant, "over_budget": !v.room});
-                for (name, d) in v.dims() {
-                    t[name] = json!({
-                        "limit_per_minute": d.limit,
-                        "remaining": d.remaining(),
-                        "level": (d.level * 1000.0).round() / 1000.0,
-                        "full_in": openai_duration(d.full_in_ms()),
-                    });
+                let buckets = v
+                    .dims()
+                    .map(|(name, d)| {
+                        let bucket = BucketStatus {
+                            limit_per_minute: d.limit,
+                            remaining: d.remaining(),
+                            level: (d.level * 1000.0).round() / 1000.0,
+                            full_in: openai_duration(d.full_in_ms()),
+                        };
+                        (name, bucket)
+                    })
+                    .collect();
+                TenantBudget {
+                    tenant: tenant.clone(),
+                    over_budget: !v.room,
+                    buckets,
                 }
-                t
             })
             .collect();
-        let mut out = json!({
-            "store": if self.redis.is_some() { "redis" } else { "local" },
-            "tenants_with_budget": budgets.len(),
-            "tenants": tenants,
-        });
-        if let Some(r) = &self.redis {
+        let shared = self.redis.as_ref().map(|r| {
             let refreshed = *self
                 .refreshed_at
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            out["reachable"] = json!(r.reachable());
-            // Unreachable: each replica enforces budgets on its own buckets. Without any
-            // budget Redis is never asked, so nothing fails open.
-            out["fail_open"] = json!(!r.reachable() && !budgets.is_empty());
-            out["fail_open_total"] = json!(self.fail_open_total.load(Ordering::Relaxed));
-            out["last_error"] = json!(r.last_error());
-            out["refreshed_ms_ago"] = json!(refreshed.map(|t| t.elapsed().as_millis() as u64));
+            SharedBudgets {
+                reachable: r.reachable(),
+                // Unreachable: each replica enforces budgets on its own buckets. Without any
+                // budget Redis is never asked, so nothing fails open.
+                fail_open: !r.reachable() && !budgets.is_empty(),
+                fail_open_total: self.fail_open_total.load(Ordering::Relaxed),
+                last_error: r.last_error(),
+                refreshed_ms_ago: refreshed.map(|t| t.elapsed().as_millis() as u64),
+            }
+        });
+        QuotaStatus {
+            store: if self.redis.is_some() {
+                "redis"
+            } else {
+                "local"
+            },
+            tenants_with_budget: budgets.len(),
+            tenants,
+            shared,
         }
-        out
     }
 
     /// With Redis: the charge batcher and the refresh loop; runs until its runtime ends.
@@ -317,6 +330,44 @@ impl BackgroundService for Background {
     }
 }
 
+/// Token budgets in `/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct QuotaStatus {
+    /// `redis` when budgets are shared between replicas, else `local`.
+    pub store: &'static str,
+    pub tenants_with_budget: usize,
+    pub tenants: Vec<TenantBudget>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedBudgets>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantBudget {
+    pub tenant: String,
+    pub over_budget: bool,
+    /// Keyed by dimension (`requests`, `tokens`).
+    #[serde(flatten)]
+    pub buckets: std::collections::BTreeMap<&'static str, BucketStatus>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BucketStatus {
+    pub limit_per_minute: u64,
+    pub remaining: u64,
+    pub level: f64,
+    pub full_in: String,
+}
+
+/// The shared store's side of budgets.
+#[derive(Debug, Clone, Serialize)]
+pub struct SharedBudgets {
+    pub reachable: bool,
+    pub fail_open: bool,
+    pub fail_open_total: u64,
+    pub last_error: Option<String>,
+    pub refreshed_ms_ago: Option<u64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,7 +434,7 @@ mod tests {
         cfg.metrics.max_tenants = 3;
         let qs = Quotas::local();
         qs.configure(&cfg);
-        let s = qs.status();
+        let s = serde_json::to_value(qs.status()).unwrap();
         assert_eq!(s["store"], "local");
         assert_eq!(s["tenants_with_budget"], 5);
         assert_eq!(s["tenants"].as_array().unwrap().len(), 3);

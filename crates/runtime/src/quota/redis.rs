@@ -10,13 +10,11 @@
 //! the in-process buckets, and requests stop asking Redis until the background probe reaches it
 //! again (every 250 ms), so an outage costs them nothing but that first bound.
 
-use arc_swap::ArcSwapOption;
-use redis::aio::ConnectionManager;
-use redis::{FromRedisValue, Script, ScriptInvocation};
+use crate::redis_link::{Messages, RedisError, RedisLink, Retry};
+use redis::Script;
 use sluice_config::QuotaConfig;
 use sluice_policy::bucket::{Dim, Verdict};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// How often the background task probes Redis and refreshes the `/status` copy.
@@ -58,14 +56,9 @@ pub struct Charge {
 }
 
 pub struct RedisQuota {
-    client: redis::Client,
-    conn: ArcSwapOption<ConnectionManager>,
+    /// Requests ask Redis only while it is reachable.
+    link: RedisLink,
     prefix: String,
-    op_timeout: Duration,
-    /// Requests ask Redis only while this is set; cleared by any failed call, set again by any
-    /// successful one.
-    reachable: AtomicBool,
-    last_error: Mutex<Option<String>>,
 }
 
 fn args(q: &QuotaConfig) -> (u64, u64) {
@@ -76,26 +69,33 @@ fn args(q: &QuotaConfig) -> (u64, u64) {
 }
 
 /// A level as the scripts return it ('' when the dimension has no limit).
-fn dim(limit: Option<u64>, level: &str) -> Result<Option<Dim>, String> {
+fn dim(limit: Option<u64>, level: &str) -> Result<Option<Dim>, RedisError> {
     let Some(limit) = limit else {
         return Ok(None);
     };
     let level = level
         .parse::<f64>()
-        .map_err(|_| format!("unexpected bucket level {level:?}"))?;
+        .map_err(|_| RedisError::Reply(format!("unexpected bucket level {level:?}")))?;
     Ok(Some(Dim { limit, level }))
 }
 
 impl RedisQuota {
     pub fn new(url: &str, prefix: &str, op_timeout: Duration) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("redis_url {url:?}: {e}"))?;
-        Ok(Self {
-            client,
-            conn: ArcSwapOption::empty(),
-            prefix: format!("{prefix}:quota:"),
+        let link = RedisLink::open(
+            url,
             op_timeout,
-            reachable: AtomicBool::new(false),
-            last_error: Mutex::default(),
+            REFRESH_EVERY,
+            vec![&SCRIPTS.take, &SCRIPTS.charge, &SCRIPTS.peek],
+            // A charge is not idempotent: a call whose reply was lost may have run.
+            Retry::Refused,
+            Messages {
+                up: "redis quota store reachable: budgets are shared again",
+                down: "redis quota store unreachable, budgets fall back to this replica",
+            },
+        )?;
+        Ok(Self {
+            link,
+            prefix: format!("{prefix}:quota:"),
         })
     }
 
@@ -104,98 +104,20 @@ impl RedisQuota {
     }
 
     pub fn reachable(&self) -> bool {
-        self.reachable.load(Ordering::Acquire)
+        self.link.reachable()
     }
 
     pub fn last_error(&self) -> Option<String> {
-        self.last_error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn mark(&self, out: &Result<(), String>) {
-        match out {
-            Ok(()) => {
-                if !self.reachable.swap(true, Ordering::AcqRel) {
-                    log::info!("redis quota store reachable: budgets are shared again");
-                }
-            }
-            Err(e) => {
-                if self.reachable.swap(false, Ordering::AcqRel) {
-                    log::warn!(
-                        "redis quota store unreachable, budgets fall back to this replica: {e}"
-                    );
-                }
-                *self
-                    .last_error
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(e.clone());
-            }
-        }
-    }
-
-    /// Runs `op` on the shared connection within the op timeout; every outcome updates
-    /// reachability.
-    async fn bounded<T, F, Fut>(&self, op: F) -> Result<T, String>
-    where
-        F: Fn(ConnectionManager) -> Fut,
-        Fut: std::future::Future<Output = redis::RedisResult<T>>,
-    {
-        let out = match self.conn.load_full() {
-            None => Err("not connected".to_string()),
-            Some(conn) => {
-                let conn = ConnectionManager::clone(&conn);
-                let attempt = async {
-                    match op(conn.clone()).await {
-                        // After an outage the manager first hands back its last failed
-                        // reconnect; one retry within the same bound reaches the new server.
-                        // Only a refused connection is retried: it never carried the call, so
-                        // a retry cannot take twice (a reply lost mid-call could).
-                        Err(e) if e.is_connection_refusal() => op(conn).await,
-                        out => out,
-                    }
-                };
-                match tokio::time::timeout(self.op_timeout, attempt).await {
-                    Ok(Ok(v)) => Ok(v),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!(
-                        "no answer within {} ms",
-                        self.op_timeout.as_millis()
-                    )),
-                }
-            }
-        };
-        self.mark(&out.as_ref().map(|_| ()).map_err(Clone::clone));
-        out
-    }
-
-    async fn call<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Result<T, String> {
-        self.bounded(|mut conn| async move { inv.invoke_async(&mut conn).await })
-            .await
+        self.link.last_error()
     }
 
     /// Connects (one attempt) and loads the scripts, so request-path calls are plain EVALSHA.
-    pub async fn connect(&self) -> Result<(), String> {
-        let out = self.try_connect().await;
-        if out.is_err() {
-            self.mark(&out);
-        }
-        out
-    }
-
-    async fn try_connect(&self) -> Result<(), String> {
-        let scripts = [&SCRIPTS.take, &SCRIPTS.charge, &SCRIPTS.peek];
-        let conn =
-            crate::redis_conn::connect(&self.client, self.op_timeout, REFRESH_EVERY, &scripts)
-                .await?;
-        self.conn.store(Some(Arc::new(conn)));
-        self.mark(&Ok(()));
-        Ok(())
+    pub async fn connect(&self) -> Result<(), RedisError> {
+        self.link.connect().await
     }
 
     pub fn connected(&self) -> bool {
-        self.conn.load().is_some()
+        self.link.connected()
     }
 
     /// The atomic check-and-take.
@@ -204,11 +126,11 @@ impl RedisQuota {
         tenant: &str,
         q: &QuotaConfig,
         tokens: u64,
-    ) -> Result<Verdict, String> {
+    ) -> Result<Verdict, RedisError> {
         let (rpm, tpm) = args(q);
         let mut inv = SCRIPTS.take.prepare_invoke();
         inv.key(self.key(tenant)).arg(rpm).arg(tpm).arg(tokens);
-        let (room, r, t): (i64, String, String) = self.call(&inv).await?;
+        let (room, r, t): (i64, String, String) = self.link.call(&inv).await?;
         Ok(Verdict {
             room: room == 1,
             requests: dim(q.requests_per_minute, &r)?,
@@ -217,7 +139,7 @@ impl RedisQuota {
     }
 
     /// Applies a batch of charges in one call (several charges of one tenant add up).
-    pub async fn charge(&self, batch: &[Charge]) -> Result<(), String> {
+    pub async fn charge(&self, batch: &[Charge]) -> Result<(), RedisError> {
         let mut inv = SCRIPTS.charge.prepare_invoke();
         for c in batch {
             let (rpm, tpm) = args(&c.quota);
@@ -227,11 +149,14 @@ impl RedisQuota {
                 .arg(c.requests)
                 .arg(c.tokens);
         }
-        self.call::<i64>(&inv).await.map(|_| ())
+        self.link.call::<i64>(&inv).await.map(|_| ())
     }
 
     /// Every given bucket as of now, unchanged.
-    pub async fn peek(&self, tenants: &[(String, QuotaConfig)]) -> Result<Vec<Verdict>, String> {
+    pub async fn peek(
+        &self,
+        tenants: &[(String, QuotaConfig)],
+    ) -> Result<Vec<Verdict>, RedisError> {
         let mut out = Vec::with_capacity(tenants.len());
         for chunk in tenants.chunks(BATCH_MAX) {
             let mut inv = SCRIPTS.peek.prepare_invoke();
@@ -239,10 +164,10 @@ impl RedisQuota {
                 let (rpm, tpm) = args(q);
                 inv.key(self.key(t)).arg(rpm).arg(tpm);
             }
-            let levels: Vec<String> = self.call(&inv).await?;
+            let levels: Vec<String> = self.link.call(&inv).await?;
             for ((_, q), pair) in chunk.iter().zip(levels.chunks(2)) {
                 let [r, t] = pair else {
-                    return Err("short peek answer".into());
+                    return Err(RedisError::Reply("short peek answer".into()));
                 };
                 let mut v = Verdict {
                     room: false,

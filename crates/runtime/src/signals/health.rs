@@ -2,7 +2,6 @@
 //! and `/readyz`'s dependencies.
 
 use serde::Serialize;
-use serde_json::{json, Value};
 use sluice_policy::Millis;
 
 /// One query's outcome in the last round, for `/status`.
@@ -38,30 +37,45 @@ impl PrometheusHealth {
         self.answered && now.saturating_sub(self.last_round_at) <= stale_after_ms
     }
 
-    pub fn to_json(&self, now: Millis, stale_after_ms: Millis) -> Value {
+    /// `/status`'s view: times rendered as ages.
+    pub fn view(&self, now: Millis, stale_after_ms: Millis) -> PrometheusStatus {
         let age = |t: Option<Millis>| t.map(|t| now.saturating_sub(t));
-        let queries: Vec<Value> = self
-            .queries
-            .iter()
-            .map(|q| {
-                json!({
-                    "pool": q.pool,
-                    "signal": q.signal,
-                    "query": q.query,
-                    "error": q.error,
-                    "last_good_ms_ago": age(q.last_good_at),
+        PrometheusStatus {
+            url: self.url.clone(),
+            up: self.up(now, stale_after_ms),
+            rounds: self.rounds,
+            last_round_ms_ago: now.saturating_sub(self.last_round_at),
+            last_answered_ms_ago: age(self.last_answered_at),
+            last_error: self.last_error.clone(),
+            last_error_ms_ago: age(self.last_error_at),
+            queries: self
+                .queries
+                .iter()
+                .map(|q| QueryStatus {
+                    query: q.clone(),
+                    last_good_ms_ago: age(q.last_good_at),
                 })
-            })
-            .collect();
-        json!({
-            "url": self.url,
-            "up": self.up(now, stale_after_ms),
-            "rounds": self.rounds,
-            "last_round_ms_ago": now.saturating_sub(self.last_round_at),
-            "last_answered_ms_ago": age(self.last_answered_at),
-            "last_error": self.last_error,
-            "last_error_ms_ago": age(self.last_error_at),
-            "queries": queries,
-        })
+                .collect(),
+        }
     }
+}
+
+/// [`PrometheusHealth`] as `/status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PrometheusStatus {
+    pub url: String,
+    pub up: bool,
+    pub rounds: u64,
+    pub last_round_ms_ago: Millis,
+    pub last_answered_ms_ago: Option<Millis>,
+    pub last_error: Option<String>,
+    pub last_error_ms_ago: Option<Millis>,
+    pub queries: Vec<QueryStatus>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryStatus {
+    #[serde(flatten)]
+    pub query: QueryHealth,
+    pub last_good_ms_ago: Option<Millis>,
 }

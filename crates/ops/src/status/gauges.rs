@@ -1,0 +1,134 @@
+//! The state-mirroring gauges of `/metrics`, refreshed before each scrape.
+
+use super::{dependencies, fallback_routing, POOLS, SIGNALS};
+use crate::state::OpsState;
+use sluice_policy::{PolicyMode, Pool, SignalKind, Tier};
+
+pub fn refresh_gauges(app: &OpsState) {
+    let m = &app.metrics;
+    let health = app.admission.health();
+    for (event, total) in [
+        ("fail_open", health.fail_open_total()),
+        ("reclaimed_lease", health.reclaimed_leases_total()),
+        ("lost_lease", health.lost_leases_total()),
+    ] {
+        // The coordinator owns the totals; the counter catches up to them (never goes back).
+        let counter = m.coordinator_events.with_label_values(&[event]);
+        counter.inc_by(total.saturating_sub(counter.get()));
+    }
+    let dropped = sluice_runtime::log_writer::stderr_dropped();
+    m.log_dropped
+        .inc_by(dropped.saturating_sub(m.log_dropped.get()));
+    let now = app.hub.clock().now_ms();
+    let state = app.hub.state();
+    let rules = app.hub.rules();
+    for (pool, name) in POOLS {
+        for kind in SIGNALS {
+            let r = app.hub.reading(pool, kind, now);
+            m.signal_available
+                .with_label_values(&[name, kind.as_str()])
+                .set(i64::from(r.value.is_some()));
+            match r.value {
+                Some(v) => {
+                    m.signal_value
+                        .with_label_values(&[name, kind.as_str()])
+                        .set(v);
+                    m.signal_age
+                        .with_label_values(&[name, kind.as_str()])
+                        .set(r.age_ms.unwrap_or(0) as f64 / 1000.0);
+                }
+                None => {
+                    // Absent, not zero: an unavailable signal must not read as "no pressure".
+                    let _ = m.signal_value.remove_label_values(&[name, kind.as_str()]);
+                    let _ = m.signal_age.remove_label_values(&[name, kind.as_str()]);
+                }
+            }
+        }
+    }
+    for t in Tier::ALL {
+        let a = app.admission.status(t);
+        m.tier_state
+            .with_label_values(&[t.as_str()])
+            .set(state.tier(t).state.level());
+        m.inflight
+            .with_label_values(&[t.as_str()])
+            .set(a.inflight as i64);
+        m.idle_credits
+            .with_label_values(&[t.as_str()])
+            .set(a.idle_credits as i64);
+        m.queued
+            .with_label_values(&[t.as_str()])
+            .set(a.queued as i64);
+        m.capacity
+            .with_label_values(&[t.as_str()])
+            .set(i64::from(rules.tier(t).inflight_capacity));
+    }
+    m.fallback_active
+        .set(i64::from(fallback_routing(app, &state)));
+    m.spot_state.set(state.spot_state.level());
+    for (pool, c) in [Pool::OnDemand, Pool::Spot].into_iter().zip(&state.pools) {
+        m.admission_level
+            .with_label_values(&[pool.as_str()])
+            .set(c.level);
+        for t in Tier::ALL {
+            let labels = [pool.as_str(), t.as_str()];
+            match c.headroom[t.index()] {
+                Some(h) => m.tier_headroom.with_label_values(&labels).set(h),
+                None => {
+                    let _ = m.tier_headroom.remove_label_values(&labels);
+                }
+            }
+            match c.unloaded_ms[t.index()] {
+                Some(ms) => m
+                    .tier_unloaded_latency
+                    .with_label_values(&labels)
+                    .set(ms / 1000.0),
+                None => {
+                    let _ = m.tier_unloaded_latency.remove_label_values(&labels);
+                }
+            }
+            m.tier_target_unattainable
+                .with_label_values(&labels)
+                .set(f64::from(u8::from(c.unattainable[t.index()])));
+        }
+    }
+    for t in Tier::ALL {
+        let r = rules.tier(t);
+        m.sla_target
+            .with_label_values(&[t.as_str()])
+            .set(r.sla_target_ms as f64 / 1000.0);
+        let th = &r.thresholds;
+        for (signal, threshold) in [
+            (SignalKind::Pressure, th.pressure),
+            (SignalKind::QueueDepth, th.queue_depth),
+            (SignalKind::SlaViolationRate, th.sla_violation_rate),
+        ] {
+            for (level, at) in [
+                ("elevated", threshold.elevated_at),
+                ("critical", threshold.critical_at),
+            ] {
+                let labels = [t.as_str(), signal.as_str(), level];
+                // Adaptive mode decides without them: not shown as if in force.
+                let at = at.filter(|_| rules.mode == PolicyMode::Thresholds);
+                match at {
+                    Some(v) => m.tier_threshold.with_label_values(&labels).set(v),
+                    // Hot reload can disable a step or change the mode: drop its series rather
+                    // than leave it stale.
+                    None => {
+                        let _ = m.tier_threshold.remove_label_values(&labels);
+                    }
+                }
+            }
+        }
+    }
+    for (dep, up) in dependencies(app, now) {
+        m.dependency_up.with_label_values(&[dep]).set(i64::from(up));
+    }
+    for h in app.pools.all() {
+        for b in app.pools.status(h).backends {
+            m.backend_healthy
+                .with_label_values(&[&h.name, &b.backend])
+                .set(i64::from(b.healthy));
+        }
+    }
+}
