@@ -7,6 +7,8 @@ use bytes::Bytes;
 use http::HeaderMap;
 use serde_json::{json, Value};
 
+use super::prompt::Prompt;
+
 /// A test and benchmark hint: how long the answer would be if nothing capped it. A real vLLM
 /// ignores unknown headers, so the same traffic can be replayed against one.
 pub(crate) const OUTPUT_TOKENS_HEADER: &str = "x-sim-output-tokens";
@@ -52,6 +54,22 @@ impl ApiError {
         }
     }
 
+    /// vLLM's type for a well-formed request it will not act on (its LoRA endpoints use it).
+    pub(crate) fn invalid_input(status: u16, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind: "InvalidUserInput",
+            message: message.into(),
+        }
+    }
+
+    /// vLLM's refusal of a `priority` when the engine schedules first come, first served.
+    pub(crate) fn priority_disabled(priority: i64) -> Self {
+        Self::bad_request(format!(
+            "Got priority {priority} but Priority scheduling is not enabled."
+        ))
+    }
+
     pub(crate) fn method_not_allowed() -> Self {
         Self {
             status: 405,
@@ -95,6 +113,8 @@ impl ApiError {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RequestSpec {
     pub model: String,
+    /// The prompt's text, for the prefix cache's block hashes.
+    pub prompt: Prompt,
     pub prompt_tokens: u64,
     /// The tokens the answer really has.
     pub completion_tokens: u64,
@@ -105,6 +125,8 @@ pub(crate) struct RequestSpec {
     pub finish_reason: &'static str,
     pub stream: bool,
     pub include_usage: bool,
+    /// vLLM's `priority` body field: lower is served sooner; 0 when absent.
+    pub priority: i64,
 }
 
 /// Reads the natural answer length from [`OUTPUT_TOKENS_HEADER`], if the client sent one.
@@ -161,16 +183,17 @@ pub(crate) fn parse_request(
             "The model `{model}` does not exist."
         )));
     }
-    let chars = match endpoint {
+    let prompt = match endpoint {
         Endpoint::Chat => match obj.get("messages") {
-            Some(Value::Array(msgs)) => msgs.iter().map(message_chars).sum::<u64>(),
+            Some(Value::Array(msgs)) => Prompt::from_messages(msgs),
             _ => return Err(ApiError::bad_request("messages: Field required")),
         },
         Endpoint::Completions => match obj.get("prompt") {
-            Some(p @ (Value::String(_) | Value::Array(_))) => prompt_chars(p),
+            Some(p @ (Value::String(_) | Value::Array(_))) => Prompt::from_completion(p),
             _ => return Err(ApiError::bad_request("prompt: Field required")),
         },
     };
+    let priority = priority(obj.get("priority"))?;
     let cap = match token_cap(obj.get("max_completion_tokens"), "max_completion_tokens")? {
         Some(c) => Some(c),
         None => token_cap(obj.get("max_tokens"), "max_tokens")?,
@@ -199,18 +222,29 @@ pub(crate) fn parse_request(
     };
     Ok(RequestSpec {
         model,
-        prompt_tokens: estimate_tokens(chars),
+        prompt_tokens: prompt.tokens(),
+        prompt,
         completion_tokens,
         max_tokens,
         finish_reason,
         stream,
         include_usage,
+        priority,
     })
 }
 
-/// Roughly four characters per token, as for English text with a BPE tokenizer.
-pub(crate) fn estimate_tokens(chars: u64) -> u64 {
-    chars.div_ceil(4).max(1)
+/// vLLM declares `priority: int = 0`; an integral float passes its validation too.
+fn priority(v: Option<&Value>) -> Result<i64, ApiError> {
+    let invalid = || ApiError::bad_request("priority: Input should be a valid integer");
+    match v {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => Ok(i),
+            (None, Some(f)) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(f as i64),
+            _ => Err(invalid()),
+        },
+        Some(_) => Err(invalid()),
+    }
 }
 
 fn token_cap(v: Option<&Value>, field: &str) -> Result<Option<u64>, ApiError> {
@@ -229,28 +263,6 @@ fn token_cap(v: Option<&Value>, field: &str) -> Result<Option<u64>, ApiError> {
         Some(_) => Err(ApiError::bad_request(format!(
             "{field}: Input should be a valid integer"
         ))),
-    }
-}
-
-fn message_chars(msg: &Value) -> u64 {
-    match msg.get("content") {
-        Some(Value::String(s)) => s.chars().count() as u64,
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .map(|s| s.chars().count() as u64)
-            .sum(),
-        _ => 0,
-    }
-}
-
-fn prompt_chars(p: &Value) -> u64 {
-    match p {
-        Value::String(s) => s.chars().count() as u64,
-        Value::Array(items) => items.iter().map(prompt_chars).sum(),
-        // A token-id prompt already is tokens; four chars each makes the estimate exact.
-        Value::Number(_) => 4,
-        _ => 0,
     }
 }
 
@@ -399,10 +411,6 @@ mod tests {
 
     #[test]
     fn prompt_token_estimate() {
-        assert_eq!(estimate_tokens(0), 1);
-        assert_eq!(estimate_tokens(1), 1);
-        assert_eq!(estimate_tokens(4), 1);
-        assert_eq!(estimate_tokens(5), 2);
         let s = parse(
             Endpoint::Chat,
             json!({"messages": [
@@ -414,6 +422,35 @@ mod tests {
         assert_eq!(s.prompt_tokens, 3);
         let s = parse(Endpoint::Completions, json!({"prompt": ["abcdefgh", "ij"]})).unwrap();
         assert_eq!(s.prompt_tokens, 3);
+    }
+
+    #[test]
+    fn priority_is_an_integer_field() {
+        let priority = |v: Value| parse(Endpoint::Chat, json!({"messages": [], "priority": v}));
+        assert_eq!(
+            parse(Endpoint::Chat, json!({"messages": []}))
+                .unwrap()
+                .priority,
+            0
+        );
+        assert_eq!(priority(json!(null)).unwrap().priority, 0);
+        assert_eq!(priority(json!(-3)).unwrap().priority, -3);
+        assert_eq!(priority(json!(2.0)).unwrap().priority, 2);
+        for bad in [json!(1.5), json!("1"), json!(true), json!([1])] {
+            let e = priority(bad.clone()).unwrap_err();
+            assert_eq!(
+                (e.status, e.message.as_str()),
+                (400, "priority: Input should be a valid integer"),
+                "{bad}"
+            );
+        }
+        let body: Value = serde_json::from_slice(&ApiError::priority_disabled(5).body()).unwrap();
+        assert_eq!(
+            body,
+            json!({"object": "error",
+                   "message": "Got priority 5 but Priority scheduling is not enabled.",
+                   "type": "BadRequestError", "param": null, "code": 400})
+        );
     }
 
     #[test]

@@ -1,10 +1,15 @@
 //! The KV-cache and scheduling model of one vLLM engine.
 //!
 //! vLLM's scheduler only starts a sequence when it can hold the whole KV footprint it may need,
-//! caps the running batch at `max_num_seqs`, and serves the waiting queue strictly in order, so
-//! a large request at the head holds back smaller ones behind it. Latency grows with the share of
-//! KV in use because bigger batches make every decode step slower. This module reproduces exactly
-//! that, and nothing about HTTP.
+//! caps the running batch at `max_num_seqs`, and serves the waiting queue strictly in order (of
+//! arrival, or of priority then arrival under the priority policy), so a large request at the
+//! head holds back smaller ones behind it. Latency grows with the share of KV in use because
+//! bigger batches make every decode step slower. This module reproduces exactly that, and nothing
+//! about HTTP.
+//!
+//! With prefix caching, a prompt's full blocks live in a shared cache ([`super::prefix`]): the
+//! blocks a request finds cached cost it neither prefill nor new KV, and blocks of finished
+//! requests stay cached in free KV until a new request needs the room.
 //!
 //! Two things are counted apart: the KV a sequence *reserves* (what admission and vLLM's
 //! `kv_cache_usage_perc` see) and the KV it *writes* (prompt + the tokens its answer really has,
@@ -14,12 +19,14 @@
 //! a running set exactly as fast under either reservation model, so switching models changes
 //! admission alone, and keeps the default model's latency what it always was.
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+
+use super::prefix::{Lookup, PrefixCache};
 
 /// How much KV a sequence holds from admission to its end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -46,7 +53,7 @@ impl KvReserve {
 }
 
 /// One sequence's KV cost in tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Footprint {
     /// Held from admission to the end; decides admission and the reported usage.
     pub reserved: u64,
@@ -75,6 +82,33 @@ impl Footprint {
     }
 }
 
+/// A request as the scheduler sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Demand {
+    pub need: Footprint,
+    /// Chained hashes of the prompt's full blocks; empty without prefix caching.
+    pub blocks: Vec<u64>,
+    /// How many leading blocks the cache may serve.
+    pub max_hit: usize,
+    /// Lower is served first; always 0 under FCFS.
+    pub priority: i64,
+}
+
+impl From<Footprint> for Demand {
+    fn from(need: Footprint) -> Self {
+        Self {
+            need,
+            ..Self::default()
+        }
+    }
+}
+
+impl From<u64> for Demand {
+    fn from(tokens: u64) -> Self {
+        Footprint::from(tokens).into()
+    }
+}
+
 /// The numbers that shape admission and latency.
 #[derive(Debug, Clone)]
 pub(crate) struct EngineConfig {
@@ -85,6 +119,9 @@ pub(crate) struct EngineConfig {
     pub itl_ms: f64,
     pub load_slowdown: f64,
     pub kv_reserve: KvReserve,
+    /// Tokens per KV block, the prefix cache's unit.
+    pub block_tokens: u64,
+    pub prefix_caching: bool,
 }
 
 /// A request whose KV need exceeds the whole budget: vLLM rejects these instead of queueing them
@@ -100,9 +137,11 @@ pub(crate) struct TooLarge {
 pub(crate) struct Snapshot {
     pub running: usize,
     pub waiting: usize,
-    /// Reserved tokens, the numerator of `kv_usage`.
+    /// Tokens in use by running requests (shared blocks once), the numerator of `kv_usage`.
     pub kv_used: u64,
     pub kv_written: u64,
+    /// Tokens in cached blocks nobody uses: free, but a later prompt's head may hit them.
+    pub kv_cached_free: u64,
     pub kv_usage: f64,
     pub peak_running: usize,
     pub peak_in_flight: usize,
@@ -116,8 +155,7 @@ pub(crate) struct Engine {
 struct Inner {
     cfg: EngineConfig,
     state: Mutex<State>,
-    /// Mirrors of `State::kv_used` and `State::kv_written` so per-token latency checks never
-    /// contend on the lock.
+    /// Mirrors of the used and written KV so per-token latency checks never contend on the lock.
     kv_used: AtomicU64,
     kv_written: AtomicU64,
 }
@@ -125,31 +163,60 @@ struct Inner {
 #[derive(Default)]
 struct State {
     running: usize,
-    kv_used: u64,
+    /// Tokens the running requests hold outside the cache's shared blocks.
+    own: u64,
     kv_written: u64,
-    queue: VecDeque<Waiter>,
+    cache: PrefixCache,
+    /// Served in key order: (priority, arrival), so FCFS when every priority is 0.
+    queue: BTreeMap<(i64, u64), Waiter>,
     next_ticket: u64,
+    admitted: u64,
     peak_running: usize,
     peak_in_flight: usize,
 }
 
 struct Waiter {
-    ticket: u64,
-    need: Footprint,
-    wake: oneshot::Sender<()>,
+    demand: Demand,
+    wake: oneshot::Sender<Grant>,
 }
 
-/// Holds a running slot and its KV reservation; dropping it (request done, or the client went
-/// away and the future was dropped) frees both and admits whoever is next.
+/// What an admitted request holds.
+#[derive(Debug)]
+struct Grant {
+    /// Tokens outside shared blocks: the prompt's tail and private blocks, plus the answer.
+    own: u64,
+    /// Cache blocks it holds a reference on.
+    held: Vec<u64>,
+    /// Prompt tokens served from the cache.
+    cached: u64,
+    /// Admission order, 1-based.
+    seq: u64,
+}
+
+/// Holds a running slot and its KV; dropping it (request done, or the client went away and the
+/// future was dropped) frees both and admits whoever is next. Its prompt blocks stay cached.
 pub(crate) struct Permit {
     inner: Arc<Inner>,
     need: Footprint,
+    grant: Grant,
+}
+
+impl Permit {
+    /// Prompt tokens whose prefill the cache saved.
+    pub(crate) fn cached_tokens(&self) -> u64 {
+        self.grant.cached
+    }
+
+    /// Where this request came in the order of admissions.
+    pub(crate) fn seq(&self) -> u64 {
+        self.grant.seq
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut st = self.inner.lock();
-        self.inner.release(&mut st, self.need);
+        self.inner.release(&mut st, self.need, &self.grant);
         self.inner.admit_waiters(&mut st);
     }
 }
@@ -157,8 +224,9 @@ impl Drop for Permit {
 /// Cleans up a queued request whose future is dropped before it learns it was admitted.
 struct Pending<'a> {
     inner: &'a Inner,
-    ticket: u64,
+    key: (i64, u64),
     need: Footprint,
+    rx: oneshot::Receiver<Grant>,
     armed: bool,
 }
 
@@ -168,12 +236,12 @@ impl Drop for Pending<'_> {
             return;
         }
         let mut st = self.inner.lock();
-        if let Some(pos) = st.queue.iter().position(|w| w.ticket == self.ticket) {
-            st.queue.remove(pos);
-        } else {
-            // Only `admit_waiters` takes entries out of the queue besides us, so we were admitted
-            // and the reservation is ours to give back.
-            self.inner.release(&mut st, self.need);
+        if st.queue.remove(&self.key).is_none() {
+            // Only `admit_waiters` takes entries out of the queue besides us, and it sends the
+            // grant under the lock we now hold, so it is waiting here to be given back.
+            if let Ok(grant) = self.rx.try_recv() {
+                self.inner.release(&mut st, self.need, &grant);
+            }
         }
         // Leaving the head of the queue may unblock the requests behind us.
         self.inner.admit_waiters(&mut st);
@@ -186,42 +254,80 @@ impl Inner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn fits(&self, st: &State, need: Footprint) -> bool {
-        st.running < self.cfg.max_running
-            && st.kv_used.saturating_add(need.reserved) <= self.cfg.kv_tokens
+    fn block_tokens(&self) -> u64 {
+        self.cfg.block_tokens.max(1)
     }
 
-    fn take(&self, st: &mut State, need: Footprint) {
+    fn kv_used(&self, st: &State) -> u64 {
+        st.own + self.block_tokens() * st.cache.used_blocks()
+    }
+
+    /// The KV tokens of `d` that are not in its full prompt blocks.
+    fn unblocked(&self, d: &Demand) -> u64 {
+        d.need
+            .reserved
+            .saturating_sub(self.block_tokens() * d.blocks.len() as u64)
+    }
+
+    /// How `d` would be admitted now, or `None` if the batch or the KV has no room for it.
+    /// Cached-but-free blocks count as room: admitting evicts them.
+    fn plan(&self, st: &State, d: &Demand) -> Option<Lookup> {
+        if st.running >= self.cfg.max_running {
+            return None;
+        }
+        let lookup = st.cache.lookup(&d.blocks, d.max_hit);
+        let cost = self.unblocked(d) + self.block_tokens() * (lookup.claimed + lookup.private);
+        (self.kv_used(st).saturating_add(cost) <= self.cfg.kv_tokens).then_some(lookup)
+    }
+
+    fn take(&self, st: &mut State, d: &Demand, lookup: Lookup) -> Grant {
+        let bt = self.block_tokens();
+        let held = st.cache.acquire(&d.blocks, lookup.hit);
+        let own = self.unblocked(d) + bt * lookup.private;
+        st.own += own;
         st.running += 1;
-        st.kv_used += need.reserved;
-        st.kv_written += need.written;
+        st.kv_written += d.need.written;
+        let room = self.cfg.kv_tokens.saturating_sub(self.kv_used(st));
+        st.cache.evict_to(room / bt);
+        st.admitted += 1;
         st.peak_running = st.peak_running.max(st.running);
         st.peak_in_flight = st.peak_in_flight.max(st.running + st.queue.len());
         self.mirror(st);
+        Grant {
+            own,
+            held,
+            cached: bt * lookup.hit as u64,
+            seq: st.admitted,
+        }
     }
 
-    fn release(&self, st: &mut State, need: Footprint) {
+    fn release(&self, st: &mut State, need: Footprint, grant: &Grant) {
         st.running = st.running.saturating_sub(1);
-        st.kv_used = st.kv_used.saturating_sub(need.reserved);
+        st.own = st.own.saturating_sub(grant.own);
         st.kv_written = st.kv_written.saturating_sub(need.written);
+        st.cache.release(&grant.held);
         self.mirror(st);
     }
 
     fn mirror(&self, st: &State) {
-        self.kv_used.store(st.kv_used, Ordering::Relaxed);
+        self.kv_used.store(self.kv_used(st), Ordering::Relaxed);
         self.kv_written.store(st.kv_written, Ordering::Relaxed);
     }
 
     fn admit_waiters(&self, st: &mut State) {
-        while let Some(head) = st.queue.front() {
-            if !self.fits(st, head.need) {
+        while let Some((&key, head)) = st.queue.first_key_value() {
+            let Some(lookup) = self.plan(st, &head.demand) else {
                 break;
+            };
+            let Some(w) = st.queue.remove(&key) else {
+                break;
+            };
+            let grant = self.take(st, &w.demand, lookup);
+            // The receiver lives in the waiter's `Pending`, which removes the entry under the
+            // lock before it goes away, so this only fails if that contract is ever broken.
+            if let Err(grant) = w.wake.send(grant) {
+                self.release(st, w.demand.need, &grant);
             }
-            let Some(w) = st.queue.pop_front() else { break };
-            self.take(st, w.need);
-            // A closed receiver means the waiter is being dropped; its `Pending` guard sees it is
-            // no longer queued and gives the reservation back.
-            let _ = w.wake.send(());
         }
     }
 }
@@ -242,6 +348,14 @@ impl Engine {
         self.inner.cfg.kv_tokens
     }
 
+    /// The block size when prefix caching is on.
+    pub(crate) fn prefix_block_tokens(&self) -> Option<u64> {
+        self.inner
+            .cfg
+            .prefix_caching
+            .then(|| self.inner.block_tokens())
+    }
+
     /// What a request of this shape costs under the configured reservation model.
     pub(crate) fn footprint(&self, prompt: u64, output: u64, max_tokens: u64) -> Footprint {
         self.inner
@@ -250,10 +364,34 @@ impl Engine {
             .footprint(prompt, output, max_tokens)
     }
 
-    /// Waits (FIFO) until `need`'s reservation and a running slot are free, then holds them until
-    /// the returned permit is dropped.
-    pub(crate) async fn admit(&self, need: impl Into<Footprint>) -> Result<Permit, TooLarge> {
-        let need = need.into().normalized();
+    /// A request for the scheduler. vLLM always computes a prompt's last token, so however much
+    /// of a prompt is cached, its last block is computed again.
+    pub(crate) fn demand(
+        &self,
+        need: Footprint,
+        prompt_tokens: u64,
+        blocks: Vec<u64>,
+        priority: i64,
+    ) -> Demand {
+        let max_hit = prompt_tokens.saturating_sub(1) / self.inner.block_tokens();
+        Demand {
+            need,
+            blocks: if self.inner.cfg.prefix_caching {
+                blocks
+            } else {
+                Vec::new()
+            },
+            max_hit: usize::try_from(max_hit).unwrap_or(usize::MAX),
+            priority,
+        }
+    }
+
+    /// Waits until the KV and a running slot are free for `demand` and it is first in line (by
+    /// priority, then arrival), then holds them until the returned permit is dropped.
+    pub(crate) async fn admit(&self, demand: impl Into<Demand>) -> Result<Permit, TooLarge> {
+        let mut demand = demand.into();
+        demand.need = demand.need.normalized();
+        let need = demand.need;
         let budget = self.inner.cfg.kv_tokens;
         if need.reserved > budget {
             return Err(TooLarge {
@@ -261,36 +399,49 @@ impl Engine {
                 budget,
             });
         }
-        let (ticket, rx) = {
+        let (key, rx) = {
             let mut st = self.inner.lock();
-            if st.queue.is_empty() && self.inner.fits(&st, need) {
-                self.inner.take(&mut st, need);
-                return Ok(self.permit(need));
+            if st.queue.is_empty() {
+                if let Some(lookup) = self.inner.plan(&st, &demand) {
+                    let grant = self.inner.take(&mut st, &demand, lookup);
+                    return Ok(self.permit(need, grant));
+                }
             }
-            let ticket = st.next_ticket;
+            let key = (demand.priority, st.next_ticket);
             st.next_ticket += 1;
             let (wake, rx) = oneshot::channel();
-            st.queue.push_back(Waiter { ticket, need, wake });
+            st.queue.insert(key, Waiter { demand, wake });
             st.peak_in_flight = st.peak_in_flight.max(st.running + st.queue.len());
-            (ticket, rx)
+            // A request that goes ahead of a blocked head may fit where the head did not.
+            self.inner.admit_waiters(&mut st);
+            (key, rx)
         };
         let mut pending = Pending {
             inner: &self.inner,
-            ticket,
+            key,
             need,
+            rx,
             armed: true,
         };
-        // The sender lives in the queue, which only `admit_waiters` drains (sending first) and we
-        // keep the engine alive, so this resolves only on admission.
-        let _ = rx.await;
-        pending.armed = false;
-        Ok(self.permit(need))
+        // The sender lives in the queue, which only `admit_waiters` drains (sending first), so
+        // this resolves only on admission.
+        match (&mut pending.rx).await {
+            Ok(grant) => {
+                pending.armed = false;
+                Ok(self.permit(need, grant))
+            }
+            Err(_) => Err(TooLarge {
+                need: need.reserved,
+                budget,
+            }),
+        }
     }
 
-    fn permit(&self, need: Footprint) -> Permit {
+    fn permit(&self, need: Footprint, grant: Grant) -> Permit {
         Permit {
             inner: Arc::clone(&self.inner),
             need,
+            grant,
         }
     }
 
@@ -299,7 +450,8 @@ impl Engine {
         (tokens.load(Ordering::Relaxed) as f64 / budget).clamp(0.0, 1.0)
     }
 
-    /// The reserved share: what vLLM's scheduler counts as used blocks, so what it reports.
+    /// The share in use by running requests: what vLLM's scheduler counts as used blocks, so what
+    /// it reports. Cached blocks nobody uses are free, as in vLLM.
     pub(crate) fn kv_usage(&self) -> f64 {
         self.share(&self.inner.kv_used)
     }
@@ -310,7 +462,8 @@ impl Engine {
         1.0 + self.inner.cfg.load_slowdown * self.share(&self.inner.kv_written)
     }
 
-    /// Prefill time at the current load (without any admin-injected delay).
+    /// Prefill time of `prompt_tokens` uncached tokens at the current load (without any
+    /// admin-injected delay).
     pub(crate) fn ttft(&self, prompt_tokens: u64) -> Duration {
         let cfg = &self.inner.cfg;
         let base = cfg.ttft_ms + prompt_tokens as f64 * cfg.prefill_us_per_token / 1000.0;
@@ -327,8 +480,9 @@ impl Engine {
         Snapshot {
             running: st.running,
             waiting: st.queue.len(),
-            kv_used: st.kv_used,
+            kv_used: self.inner.kv_used(&st),
             kv_written: st.kv_written,
+            kv_cached_free: self.inner.block_tokens() * st.cache.free_blocks(),
             kv_usage: self.kv_usage(),
             peak_running: st.peak_running,
             peak_in_flight: st.peak_in_flight,
@@ -340,6 +494,12 @@ impl Engine {
         let mut st = self.inner.lock();
         st.peak_running = st.running;
         st.peak_in_flight = st.running + st.queue.len();
+    }
+
+    /// Forgets every cached block, as vLLM's `/reset_prefix_cache`: refused (false) while any
+    /// running request uses one.
+    pub(crate) fn reset_prefix_cache(&self) -> bool {
+        self.inner.lock().cache.reset()
     }
 }
 
@@ -368,6 +528,8 @@ mod tests {
             itl_ms: 1.0,
             load_slowdown: 3.0,
             kv_reserve,
+            block_tokens: 16,
+            prefix_caching: true,
         })
     }
 
@@ -620,6 +782,104 @@ mod tests {
         assert_eq!(out.ttft(100), e.ttft(100));
         drop((p, q));
         assert_eq!(e.itl(), Duration::from_millis(1));
+    }
+
+    /// A prompt of `blocks.len()` full blocks of 16 tokens and a 10-token answer.
+    fn prompt(e: &Engine, blocks: &[u64], priority: i64) -> Demand {
+        let prompt = 16 * blocks.len() as u64;
+        e.demand(
+            e.footprint(prompt, 10, 10),
+            prompt,
+            blocks.to_vec(),
+            priority,
+        )
+    }
+
+    #[tokio::test]
+    async fn priority_orders_the_queue_then_arrival() {
+        let e = engine(1000, 1);
+        let first = e.admit(1).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        for (name, priority) in [("p5", 5), ("p1a", 1), ("p3", 3), ("p1b", 1), ("m2", -2)] {
+            let (e, tx) = (e.clone(), tx.clone());
+            tasks.push(tokio::spawn(async move {
+                let d = Demand {
+                    priority,
+                    ..Demand::from(1)
+                };
+                let p = e.admit(d).await.unwrap();
+                tx.send((name, p.seq())).unwrap();
+            }));
+            settle().await;
+        }
+        assert_eq!(e.snapshot().waiting, 5);
+        drop(first);
+        let mut order = Vec::new();
+        for _ in 0..5 {
+            order.push(rx.recv().await.unwrap());
+        }
+        order.sort_by_key(|(_, seq)| *seq);
+        let names: Vec<&str> = order.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["m2", "p1a", "p1b", "p3", "p5"]);
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cached_head_is_shared_and_costs_no_new_kv() {
+        let e = engine(1000, 8);
+        let a = e.admit(prompt(&e, &[1, 2, 3, 4], 0)).await.unwrap();
+        assert_eq!((a.cached_tokens(), e.snapshot().kv_used), (0, 74));
+        // The same prompt hits all but its last block, which it computes again into its own copy.
+        let b = e.admit(prompt(&e, &[1, 2, 3, 4], 0)).await.unwrap();
+        assert_eq!(b.cached_tokens(), 48);
+        assert_eq!(e.snapshot().kv_used, 74 + 10 + 16);
+        assert!(e.ttft(64 - b.cached_tokens()) < e.ttft(64));
+        drop(a);
+        // Block 4 now only sits in the cache, free; 1-3 are still b's.
+        let s = e.snapshot();
+        assert_eq!((s.kv_used, s.kv_cached_free), (26 + 48, 16));
+        drop(b);
+        let s = e.snapshot();
+        assert_eq!((s.kv_used, s.kv_cached_free, s.kv_usage), (0, 64, 0.0));
+
+        // Without prefix caching nothing is shared.
+        let off = Engine::new(EngineConfig {
+            prefix_caching: false,
+            ..e.inner.cfg.clone()
+        });
+        let a = off.admit(prompt(&off, &[1, 2, 3, 4], 0)).await.unwrap();
+        let b = off.admit(prompt(&off, &[1, 2, 3, 4], 0)).await.unwrap();
+        assert_eq!((b.cached_tokens(), off.snapshot().kv_used), (0, 148));
+        drop((a, b));
+        assert_eq!(off.snapshot().kv_cached_free, 0);
+    }
+
+    #[tokio::test]
+    async fn cached_blocks_make_room_for_requests_that_need_it_tail_first() {
+        let e = engine(100, 8);
+        drop(e.admit(prompt(&e, &[1, 2, 3], 0)).await.unwrap());
+        assert_eq!(e.snapshot().kv_cached_free, 48);
+        // 60 unrelated tokens fit although 60 + 48 cached exceed the budget: the oldest block,
+        // the earlier prompt's tail, goes.
+        let big = e.admit(60).await.unwrap();
+        let s = e.snapshot();
+        assert_eq!((s.kv_used, s.kv_cached_free), (60, 32));
+        drop(big);
+        let again = e.admit(prompt(&e, &[1, 2, 3], 0)).await.unwrap();
+        assert_eq!(again.cached_tokens(), 32);
+        drop(again);
+        // A request that needs the whole cache evicts all of it.
+        drop(e.admit(100).await.unwrap());
+        assert_eq!(e.snapshot().kv_cached_free, 0);
+        let cold = e.admit(prompt(&e, &[1, 2, 3], 0)).await.unwrap();
+        assert_eq!(cold.cached_tokens(), 0);
+        assert!(!e.reset_prefix_cache());
+        drop(cold);
+        assert!(e.reset_prefix_cache());
+        assert_eq!(e.snapshot().kv_cached_free, 0);
     }
 
     #[test]

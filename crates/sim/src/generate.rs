@@ -13,8 +13,9 @@ use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 
 use super::api::{RequestSpec, SseFrames, SSE_DONE};
-use super::engine::{ms_to_duration, Footprint, TooLarge};
+use super::engine::{ms_to_duration, Demand, Permit, TooLarge};
 use super::metrics::Finish;
+use super::stats::Admission;
 use super::Sim;
 
 /// Streams wake this often at most, so chunks still arrive spread out over time.
@@ -27,12 +28,22 @@ const CATCH_UP_LIMIT: Duration = Duration::from_millis(50);
 
 /// A parsed request on its way through the engine.
 pub(crate) struct Job {
+    /// The response id, and the client's `x-request-id` if it sent one.
+    pub id: String,
+    pub request_id: Option<String>,
     pub spec: RequestSpec,
-    /// Its KV cost under the engine's reservation model, held until the job ends.
-    pub need: Footprint,
+    /// Its KV cost, prompt blocks and priority, held until the job ends.
+    pub demand: Demand,
     /// Which engine's metrics it counts towards.
     pub engine: usize,
     pub arrived: Instant,
+}
+
+/// How a non-streamed request was served, for the response headers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Served {
+    pub queued: Duration,
+    pub cached_tokens: u64,
 }
 
 struct Pacer {
@@ -63,8 +74,9 @@ impl Pacer {
     }
 }
 
-/// Records the request in vLLM's counters however it ends: finished, or dropped mid-way because
-/// the client went away.
+/// Records the request in vLLM's counters however it ends: finished, or aborted because the
+/// client went away, whether it was still waiting or already running (the future that owns this
+/// is dropped then, by hyper for a non-streamed request or by the stream task).
 struct Progress<'a> {
     sim: &'a Sim,
     job: &'a Job,
@@ -82,6 +94,45 @@ impl<'a> Progress<'a> {
         }
     }
 
+    /// The request leaves the waiting queue: vLLM's queue-time histogram and prefix-cache
+    /// counters observe it here.
+    fn scheduled(&self, permit: &Permit) -> Served {
+        let (sim, job) = (self.sim, self.job);
+        let queued = job.arrived.elapsed();
+        sim.metrics.scheduled(job.engine, queued.as_secs_f64());
+        let cached_tokens = permit.cached_tokens();
+        // vLLM counts queries only when the cache is on.
+        if sim.engine.prefix_block_tokens().is_some() {
+            sim.metrics
+                .prefix_cache(job.engine, job.spec.prompt_tokens, cached_tokens);
+            sim.stats
+                .prefix_cache(job.spec.prompt_tokens, cached_tokens);
+        }
+        sim.stats.admitted(Admission {
+            seq: permit.seq(),
+            id: job.id.clone(),
+            request_id: job.request_id.clone(),
+            model: job.spec.model.clone(),
+            priority: job.demand.priority,
+            queue_ms: queued.as_secs_f64() * 1000.0,
+            cached_tokens,
+        });
+        Served {
+            queued,
+            cached_tokens,
+        }
+    }
+
+    /// Prefill only computes the tokens the cache did not have.
+    fn ttft(&self, served: Served) -> Duration {
+        let uncached = self
+            .job
+            .spec
+            .prompt_tokens
+            .saturating_sub(served.cached_tokens);
+        self.sim.engine.ttft(uncached) + ms_to_duration(self.sim.admin.get().extra_ms)
+    }
+
     fn first_token(&mut self) {
         let ttft = self.job.arrived.elapsed().as_secs_f64();
         self.sim
@@ -97,6 +148,11 @@ impl<'a> Progress<'a> {
         self.sim.stats.completed();
     }
 
+    /// A request the engine refused outright is neither finished nor aborted.
+    fn refused(mut self) {
+        self.done = true;
+    }
+
     fn record(&self, reason: Finish) {
         let e2e = self.job.arrived.elapsed().as_secs_f64();
         self.sim
@@ -109,26 +165,24 @@ impl Drop for Progress<'_> {
     fn drop(&mut self) {
         if !self.done {
             self.record(Finish::Abort);
+            self.sim.stats.aborted();
         }
     }
 }
 
-/// The request leaves the waiting queue: vLLM's queue-time histogram observes it here.
-fn scheduled(sim: &Sim, job: &Job) {
-    sim.metrics
-        .scheduled(job.engine, job.arrived.elapsed().as_secs_f64());
-}
-
-fn ttft(sim: &Sim, spec: &RequestSpec) -> Duration {
-    sim.engine.ttft(spec.prompt_tokens) + ms_to_duration(sim.admin.get().extra_ms)
-}
-
-/// Runs a non-streamed request to the end; dropping the future releases its KV.
-pub(crate) async fn complete(sim: &Sim, job: &Job) -> Result<(), TooLarge> {
-    let _permit = sim.engine.admit(job.need).await?;
-    scheduled(sim, job);
+/// Runs a non-streamed request to the end; dropping the future (the client went away) aborts it
+/// and releases its KV.
+pub(crate) async fn complete(sim: &Sim, job: &Job) -> Result<Served, TooLarge> {
     let mut progress = Progress::new(sim, job);
-    tokio::time::sleep(ttft(sim, &job.spec)).await;
+    let permit = match sim.engine.admit(job.demand.clone()).await {
+        Ok(p) => p,
+        Err(e) => {
+            progress.refused();
+            return Err(e);
+        }
+    };
+    let served = progress.scheduled(&permit);
+    tokio::time::sleep(progress.ttft(served)).await;
     progress.first_token();
     let mut pacer = Pacer::new(BATCH_QUANTUM);
     for _ in 1..job.spec.completion_tokens {
@@ -139,7 +193,7 @@ pub(crate) async fn complete(sim: &Sim, job: &Job) -> Result<(), TooLarge> {
     }
     sleep_until(pacer.deadline()).await;
     progress.finish();
-    Ok(())
+    Ok(served)
 }
 
 /// Sleeps until `at`, or returns false early if the client has gone.
@@ -153,14 +207,17 @@ async fn sleep_or_closed(tx: &mpsc::Sender<Bytes>, at: Instant) -> bool {
 /// Streams a request into `tx` as server-sent events; returns when done or when the receiving
 /// body is dropped (client disconnect), releasing its KV either way.
 pub(crate) async fn stream(sim: Arc<Sim>, job: Job, frames: SseFrames, tx: mpsc::Sender<Bytes>) {
+    let mut progress = Progress::new(&sim, &job);
     let admitted = tokio::select! {
-        p = sim.engine.admit(job.need) => p,
+        p = sim.engine.admit(job.demand.clone()) => p,
         () = tx.closed() => return,
     };
-    let Ok(_permit) = admitted else { return };
-    scheduled(&sim, &job);
-    let mut progress = Progress::new(&sim, &job);
-    if !sleep_or_closed(&tx, Instant::now() + ttft(&sim, &job.spec)).await {
+    let permit = match admitted {
+        Ok(p) => p,
+        Err(_) => return progress.refused(),
+    };
+    let served = progress.scheduled(&permit);
+    if !sleep_or_closed(&tx, Instant::now() + progress.ttft(served)).await {
         return;
     }
     progress.first_token();

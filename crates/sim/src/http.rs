@@ -1,5 +1,5 @@
-//! Request routing for the simulator's HTTP/1.1 server: the vLLM OpenAI endpoints, `/health`,
-//! `/metrics`, and the `/admin` switches tests use.
+//! Request routing for the simulator's HTTP/1.1 server: the vLLM OpenAI endpoints, vLLM's LoRA
+//! and prefix-cache endpoints, `/health`, `/metrics`, and the `/admin` switches tests use.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -21,6 +21,7 @@ use super::api::{self, ApiError, Endpoint, ResponseMeta};
 use super::generate::{self, Job};
 use super::metrics::Gauges;
 use super::stats::Recent;
+use super::SchedulingPolicy;
 use super::Sim;
 
 /// Far above any prompt a KV budget could hold; only guards memory against runaway clients.
@@ -32,6 +33,11 @@ const JSON: &str = "application/json";
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_SIM_MODEL: HeaderName = HeaderName::from_static("x-sim-model");
 const X_TENANT_ID: HeaderName = HeaderName::from_static("x-tenant-id");
+/// How long a non-streamed request waited for admission, in milliseconds; tests read scheduling
+/// order from it. A streamed response's headers leave before admission, so it has none.
+const X_SIM_QUEUE_MS: HeaderName = HeaderName::from_static("x-sim-queue-ms");
+/// Prompt tokens of a non-streamed request that the prefix cache served.
+const X_SIM_CACHED_TOKENS: HeaderName = HeaderName::from_static("x-sim-cached-tokens");
 
 /// A response body that is either complete up front or fed event by event from a generator
 /// task, each event becoming its own chunk on the wire as soon as it is produced.
@@ -94,6 +100,9 @@ fn error_response(e: &ApiError) -> Response<SimBody> {
 enum Route {
     Completion(Endpoint),
     Models,
+    LoadLora,
+    UnloadLora,
+    ResetPrefixCache,
     Health,
     Metrics,
     AdminHealth,
@@ -109,6 +118,9 @@ impl Route {
             "/v1/chat/completions" => Route::Completion(Endpoint::Chat),
             "/v1/completions" => Route::Completion(Endpoint::Completions),
             "/v1/models" => Route::Models,
+            "/v1/load_lora_adapter" => Route::LoadLora,
+            "/v1/unload_lora_adapter" => Route::UnloadLora,
+            "/reset_prefix_cache" => Route::ResetPrefixCache,
             "/health" => Route::Health,
             "/metrics" => Route::Metrics,
             "/admin/health" => Route::AdminHealth,
@@ -122,7 +134,11 @@ impl Route {
 
     fn allows(self, m: &Method) -> bool {
         match self {
-            Route::Completion(_) | Route::AdminReset => m == Method::POST,
+            Route::Completion(_)
+            | Route::LoadLora
+            | Route::UnloadLora
+            | Route::ResetPrefixCache
+            | Route::AdminReset => m == Method::POST,
             Route::Models | Route::Health | Route::Metrics | Route::AdminStats => {
                 m == Method::GET || m == Method::HEAD
             }
@@ -147,6 +163,14 @@ pub(crate) async fn handle(
     Ok(match route {
         Route::Completion(endpoint) => completion(sim, req, endpoint).await,
         Route::Models => models(&sim),
+        Route::LoadLora | Route::UnloadLora => lora(&sim, req, route).await,
+        Route::ResetPrefixCache => {
+            // vLLM answers 200 whether or not blocks in use kept it from resetting.
+            if !sim.engine.reset_prefix_cache() {
+                log::warn!("sluice sim: prefix cache not reset, blocks are in use");
+            }
+            respond(StatusCode::OK, None, Bytes::new())
+        }
         Route::Health => {
             if sim.admin.get().healthy {
                 respond(StatusCode::OK, None, Bytes::new())
@@ -188,7 +212,10 @@ async fn completion(
 ) -> Response<SimBody> {
     let arrived = Instant::now();
     let request_id = req.headers().get(X_REQUEST_ID).cloned();
-    let mut resp = completion_inner(sim, req, endpoint, arrived).await;
+    let id_text = request_id
+        .as_ref()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let mut resp = completion_inner(sim, req, endpoint, arrived, id_text).await;
     if let Some(id) = request_id {
         resp.headers_mut().insert(X_REQUEST_ID, id);
     }
@@ -200,6 +227,7 @@ async fn completion_inner(
     req: Request<Incoming>,
     endpoint: Endpoint,
     arrived: Instant,
+    request_id: Option<String>,
 ) -> Response<SimBody> {
     let path = req.uri().path().to_string();
     let content_length = header_string(&req, CONTENT_LENGTH);
@@ -213,7 +241,7 @@ async fn completion_inner(
     let value = parsed.as_ref().and_then(|p| p.as_ref().ok());
     let model = value.map(|v| match v.get("model").and_then(Value::as_str) {
         Some(m) => m.to_string(),
-        None => sim.default_model().to_string(),
+        None => sim.models.default_model().to_string(),
     });
     sim.stats.received(
         Recent::new(&path, value, content_length, tenant),
@@ -230,12 +258,16 @@ async fn completion_inner(
             return error_response(&ApiError::bad_request("Invalid JSON in request body"))
         }
     };
-    let spec = match output_tokens
-        .and_then(|n| api::parse_request(endpoint, &value, &sim.models, sim.default_max_tokens, n))
+    let names = sim.models.served();
+    let mut spec = match output_tokens
+        .and_then(|n| api::parse_request(endpoint, &value, &names, sim.default_max_tokens, n))
     {
         Ok(s) => s,
         Err(e) => return error_response(&e),
     };
+    if spec.priority != 0 && sim.scheduling_policy == SchedulingPolicy::Fcfs {
+        return error_response(&ApiError::priority_disabled(spec.priority));
+    }
     let need = sim
         .engine
         .footprint(spec.prompt_tokens, spec.completion_tokens, spec.max_tokens);
@@ -255,10 +287,21 @@ async fn completion_inner(
         created: unix_now(),
         model: spec.model.clone(),
     };
+    let prompt = std::mem::take(&mut spec.prompt);
+    let blocks = sim
+        .engine
+        .prefix_block_tokens()
+        .map(|bt| prompt.block_hashes(bt, &spec.model))
+        .unwrap_or_default();
+    let demand = sim
+        .engine
+        .demand(need, spec.prompt_tokens, blocks, spec.priority);
     let job = Job {
+        id: meta.id.clone(),
+        request_id,
         engine: (id % sim.engines as u64) as usize,
         spec,
-        need,
+        demand,
         arrived,
     };
     let model_header = HeaderValue::from_str(&meta.model).ok();
@@ -274,18 +317,28 @@ async fn completion_inner(
         h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         resp
     } else {
-        if let Err(e) = generate::complete(&sim, &job).await {
-            return error_response(&ApiError::context_length(
-                e.budget,
-                job.spec.prompt_tokens,
-                e.need.saturating_sub(job.spec.prompt_tokens),
-            ));
-        }
-        respond(
+        let served = match generate::complete(&sim, &job).await {
+            Ok(s) => s,
+            Err(e) => {
+                return error_response(&ApiError::context_length(
+                    e.budget,
+                    job.spec.prompt_tokens,
+                    e.need.saturating_sub(job.spec.prompt_tokens),
+                ))
+            }
+        };
+        let mut resp = respond(
             StatusCode::OK,
             Some(JSON),
             api::completion_body(&meta, &job.spec),
-        )
+        );
+        let h = resp.headers_mut();
+        let queue_ms = format!("{:.3}", served.queued.as_secs_f64() * 1000.0);
+        if let Ok(v) = HeaderValue::from_str(&queue_ms) {
+            h.insert(X_SIM_QUEUE_MS, v);
+        }
+        h.insert(X_SIM_CACHED_TOKENS, HeaderValue::from(served.cached_tokens));
+        resp
     };
     if let Some(m) = model_header {
         resp.headers_mut().insert(X_SIM_MODEL, m);
@@ -300,22 +353,28 @@ fn unix_now() -> u64 {
 }
 
 fn models(sim: &Sim) -> Response<SimBody> {
-    let data: Vec<Value> = sim
-        .models
-        .iter()
-        .map(|m| {
-            json!({
-                "id": m,
-                "object": "model",
-                "created": sim.started,
-                "owned_by": "vllm",
-                "root": m,
-                "parent": null,
-                "max_model_len": sim.engine.budget(),
-            })
-        })
-        .collect();
+    let data = sim.models.cards(sim.started, sim.engine.budget());
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+/// vLLM's runtime LoRA updates: a plain-text success line, or its JSON error.
+async fn lora(sim: &Sim, req: Request<Incoming>, route: Route) -> Response<SimBody> {
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e),
+    };
+    let Ok(value) = serde_json::from_slice::<Value>(&body) else {
+        return error_response(&ApiError::bad_request("Invalid JSON in request body"));
+    };
+    let result = if route == Route::LoadLora {
+        sim.models.load(&value)
+    } else {
+        sim.models.unload(&value)
+    };
+    match result {
+        Ok(text) => respond(StatusCode::OK, None, Bytes::from(text)),
+        Err(e) => error_response(&e),
+    }
 }
 
 fn metrics(sim: &Sim) -> Response<SimBody> {
@@ -328,7 +387,7 @@ fn metrics(sim: &Sim) -> Response<SimBody> {
     };
     let text = sim
         .metrics
-        .render(sim.default_model(), sim.legacy_metrics, gauges);
+        .render(sim.models.default_model(), sim.legacy_metrics, gauges);
     respond(
         StatusCode::OK,
         Some("text/plain; version=0.0.4; charset=utf-8"),

@@ -2,9 +2,13 @@
 //!
 //! It speaks vLLM's HTTP API and exports vLLM's metric names, and its latency responds to load
 //! the way a real engine's does: requests reserve KV cache (for their answer, or for their whole
-//! `max_tokens` with `--kv-reserve max-tokens`), queue FIFO when it or the batch is full, and
-//! decode slower as the cache fills. Admin endpoints let tests force states (unhealthy, slow,
-//! pinned pressure) and read back what the proxy actually sent.
+//! `max_tokens` with `--kv-reserve max-tokens`), queue when it or the batch is full (first come,
+//! first served, or by vLLM's `priority` field with `--scheduling-policy priority`), and decode
+//! slower as the cache fills. One process is one replica of a fleet: it has its own prefix cache
+//! (prompt blocks that stay in free KV after their request, so a later prompt with the same head
+//! skips that part of prefill), its own LoRA adapters, and it aborts a request whose client goes
+//! away. Admin endpoints let tests force states (unhealthy, slow, pinned pressure) and read back
+//! what the proxy actually sent.
 
 mod admin;
 mod api;
@@ -12,6 +16,9 @@ mod engine;
 mod generate;
 mod http;
 mod metrics;
+mod models;
+mod prefix;
+mod prompt;
 mod stats;
 
 use std::io;
@@ -28,7 +35,26 @@ use self::admin::Admin;
 pub use self::engine::KvReserve;
 use self::engine::{Engine, EngineConfig};
 use self::metrics::Metrics;
+use self::models::Models;
 use self::stats::Stats;
+
+/// How the waiting queue is ordered, as vLLM's `--scheduling-policy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchedulingPolicy {
+    /// First come, first served; a request with a non-zero `priority` is refused
+    #[default]
+    Fcfs,
+    /// By the request's `priority` (lower first), then arrival
+    Priority,
+}
+
+/// `--prefix-caching on|off`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    #[default]
+    On,
+    Off,
+}
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SimArgs {
@@ -68,11 +94,24 @@ pub struct SimArgs {
     /// Number of engines to export metrics for (label engine="0".."n-1"); load is split evenly
     #[arg(long, default_value_t = 1)]
     pub engines: usize,
+    /// Tokens per KV block, the prefix cache's unit (vLLM's --block-size)
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u64,
+    /// Automatic prefix caching: a prompt's leading blocks found cached skip prefill and need no new KV; blocks of finished requests stay cached in free KV until evicted (LRU)
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub prefix_caching: Switch,
+    /// Waiting-queue order; with priority, lower `priority` values are admitted first
+    #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
+    pub scheduling_policy: SchedulingPolicy,
+    /// LoRA adapters of the first model, NAME or NAME=PATH (repeatable / comma separated); more can be loaded at runtime with POST /v1/load_lora_adapter
+    #[arg(long = "lora", value_delimiter = ',')]
+    pub loras: Vec<String>,
 }
 
 /// State shared by every connection.
 pub(crate) struct Sim {
-    models: Vec<String>,
+    models: Models,
+    scheduling_policy: SchedulingPolicy,
     default_max_tokens: u64,
     legacy_metrics: bool,
     engines: usize,
@@ -97,12 +136,11 @@ impl Sim {
             .map(|m| m.trim().to_string())
             .filter(|m| !m.is_empty())
             .collect();
-        if models.is_empty() {
-            return Err(invalid("at least one --model is required"));
-        }
-        if args.kv_tokens == 0 || args.max_running == 0 || args.engines == 0 {
+        let models = Models::new(models, &args.loras).map_err(|e| invalid(&e))?;
+        if args.kv_tokens == 0 || args.max_running == 0 || args.engines == 0 || args.block_size == 0
+        {
             return Err(invalid(
-                "--kv-tokens, --max-running and --engines must be at least 1",
+                "--kv-tokens, --max-running, --engines and --block-size must be at least 1",
             ));
         }
         for (name, v) in [
@@ -122,9 +160,12 @@ impl Sim {
                 itl_ms: args.itl_ms,
                 load_slowdown: args.load_slowdown,
                 kv_reserve: args.kv_reserve,
+                block_tokens: args.block_size,
+                prefix_caching: args.prefix_caching == Switch::On,
             }),
             metrics: Metrics::new(args.engines),
             models,
+            scheduling_policy: args.scheduling_policy,
             default_max_tokens: args.default_max_tokens.max(1),
             legacy_metrics: args.legacy_metrics,
             engines: args.engines,
@@ -135,10 +176,6 @@ impl Sim {
             admin: Admin::default(),
             stats: Stats::default(),
         })
-    }
-
-    fn default_model(&self) -> &str {
-        self.models.first().map_or("", String::as_str)
     }
 }
 
@@ -203,14 +240,63 @@ mod tests {
             kv_reserve: KvReserve::Output,
             legacy_metrics: false,
             engines: 1,
+            block_size: 16,
+            prefix_caching: Switch::On,
+            scheduling_policy: SchedulingPolicy::Fcfs,
+            loras: Vec::new(),
         }
     }
 
     async fn start() -> (String, TestClient) {
+        start_with(|_| {}).await
+    }
+
+    async fn start_with(f: impl FnOnce(&mut SimArgs)) -> (String, TestClient) {
+        let mut a = args();
+        f(&mut a);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(serve(args(), listener));
+        tokio::spawn(serve(a, listener));
         (base, Client::builder(TokioExecutor::new()).build_http())
+    }
+
+    async fn stats(client: &TestClient, base: &str) -> Value {
+        let (_, _, b) = call(client, "GET", format!("{base}/admin/stats"), None).await;
+        serde_json::from_slice(&b).unwrap()
+    }
+
+    /// Polls /admin/stats until `want` holds, for at most `within`.
+    async fn stats_until(
+        client: &TestClient,
+        base: &str,
+        within: Duration,
+        want: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let start = std::time::Instant::now();
+        loop {
+            let s = stats(client, base).await;
+            if want(&s) || start.elapsed() > within {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Writes a chat request on a bare connection and returns it unread, so the test decides
+    /// when the client goes away.
+    async fn raw_chat(base: &str, body: Value) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let addr = base.trim_start_matches("http://");
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let body = body.to_string();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(body.as_bytes()).await.unwrap();
+        s
     }
 
     async fn call(
@@ -500,5 +586,196 @@ mod tests {
         }
         assert_eq!(running(&stats), 0);
         assert_eq!(stats["kv_used_tokens"], 0);
+    }
+
+    #[tokio::test]
+    async fn a_closed_connection_aborts_queued_and_running_requests() {
+        let (base, client) = start_with(|a| a.max_running = 1).await;
+        call(
+            &client,
+            "PUT",
+            format!("{base}/admin/latency"),
+            Some(json!({"extra_ms": 5000})),
+        )
+        .await;
+        let msgs = json!([{"role": "user", "content": "x".repeat(400)}]);
+        let running = raw_chat(&base, json!({"messages": msgs})).await;
+        stats_until(&client, &base, Duration::from_secs(5), |s| {
+            s["running"] == 1
+        })
+        .await;
+        let queued = raw_chat(&base, json!({"messages": msgs})).await;
+        let queued_stream = raw_chat(&base, json!({"messages": msgs, "stream": true})).await;
+        let s = stats_until(&client, &base, Duration::from_secs(5), |s| {
+            s["waiting"] == 2
+        })
+        .await;
+        assert_eq!((&s["running"], &s["waiting"]), (&json!(1), &json!(2)));
+        assert_eq!(s["kv_used_tokens"], 116);
+
+        // Each close is noticed at once: hyper drops the request's future with its connection.
+        for (conn, aborted) in [(queued, 1), (queued_stream, 2), (running, 3)] {
+            drop(conn);
+            let s = stats_until(&client, &base, Duration::from_millis(200), |s| {
+                s["aborted"] == aborted
+            })
+            .await;
+            assert_eq!(s["aborted"], aborted, "{s}");
+        }
+        let s = stats(&client, &base).await;
+        assert_eq!(
+            (
+                &s["running"],
+                &s["waiting"],
+                &s["kv_used_tokens"],
+                &s["completed"]
+            ),
+            (&json!(0), &json!(0), &json!(0), &json!(0))
+        );
+        let (_, _, m) = call(&client, "GET", format!("{base}/metrics"), None).await;
+        let m = String::from_utf8(m.to_vec()).unwrap();
+        assert!(
+            m.contains(
+                "vllm:request_success_total{model_name=\"m1\",engine=\"0\",\
+                 finished_reason=\"abort\"} 3.0\n"
+            ),
+            "{m}"
+        );
+    }
+
+    #[tokio::test]
+    async fn priority_needs_the_priority_policy() {
+        let (base, client) = start().await;
+        let url = format!("{base}/v1/chat/completions");
+        let body = |p: Value| Some(json!({"messages": [], "max_tokens": 1, "priority": p}));
+        let (status, _, b) = call(&client, "POST", url.clone(), body(json!(2))).await;
+        assert_eq!(status, 400);
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(
+            v["message"],
+            "Got priority 2 but Priority scheduling is not enabled."
+        );
+        assert_eq!(
+            call(&client, "POST", url.clone(), body(json!(0))).await.0,
+            200
+        );
+
+        let (base, client) = start_with(|a| a.scheduling_policy = SchedulingPolicy::Priority).await;
+        let url = format!("{base}/v1/chat/completions");
+        let (status, headers, _) = call(&client, "POST", url.clone(), body(json!(-4))).await;
+        assert_eq!(status, 200);
+        assert!(headers["x-sim-queue-ms"]
+            .to_str()
+            .unwrap()
+            .parse::<f64>()
+            .is_ok());
+        assert_eq!(call(&client, "POST", url, body(json!(0.5))).await.0, 400);
+        assert_eq!(
+            stats(&client, &base).await["admitted_by_priority"],
+            json!({"-4": 1})
+        );
+    }
+
+    #[tokio::test]
+    async fn a_repeated_prompt_head_is_served_from_the_prefix_cache() {
+        let (base, client) = start_with(|a| a.kv_tokens = 100_000).await;
+        let url = format!("{base}/v1/chat/completions");
+        // 640 characters: 160 tokens, ten full blocks, then a short user turn.
+        let system = "You are terse. ".repeat(43)[..640].to_string();
+        let ask = |user: &str| {
+            Some(json!({"max_tokens": 1, "messages": [
+                {"role": "system", "content": system}, {"role": "user", "content": user}]}))
+        };
+        let cached = |h: &::http::HeaderMap| h["x-sim-cached-tokens"].to_str().unwrap().to_owned();
+        let (_, h, _) = call(&client, "POST", url.clone(), ask("first?")).await;
+        assert_eq!(cached(&h), "0");
+        let (_, h, _) = call(&client, "POST", url.clone(), ask("second?")).await;
+        assert_eq!(cached(&h), "160");
+        let s = stats(&client, &base).await;
+        assert_eq!(s["prefix_cache_queries_tokens"], 2 * 162);
+        assert_eq!(s["prefix_cache_hit_tokens"], 160);
+        // Both finished: their blocks stay cached but count as free KV.
+        assert_eq!(
+            (&s["kv_used_tokens"], &s["kv_cached_free_tokens"]),
+            (&json!(0), &json!(160))
+        );
+
+        // Off, nothing is looked up.
+        let (base, client) = start_with(|a| a.prefix_caching = Switch::Off).await;
+        let url = format!("{base}/v1/chat/completions");
+        for _ in 0..2 {
+            let (_, h, _) = call(&client, "POST", url.clone(), ask("again?")).await;
+            assert_eq!(cached(&h), "0");
+        }
+        assert_eq!(
+            stats(&client, &base).await["prefix_cache_queries_tokens"],
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn lora_adapters_load_route_and_unload() {
+        let (base, client) = start_with(|a| a.loras = vec!["fixed=/adapters/fixed".into()]).await;
+        let chat = format!("{base}/v1/chat/completions");
+        let ask = |m: &str| Some(json!({"model": m, "messages": [], "max_tokens": 1}));
+        assert_eq!(
+            call(&client, "POST", chat.clone(), ask("fixed")).await.0,
+            200
+        );
+        assert_eq!(
+            call(&client, "POST", chat.clone(), ask("late")).await.0,
+            404
+        );
+        let load = Some(json!({"lora_name": "late", "lora_path": "/adapters/late"}));
+        let (status, _, b) = call(
+            &client,
+            "POST",
+            format!("{base}/v1/load_lora_adapter"),
+            load.clone(),
+        )
+        .await;
+        assert_eq!(
+            (status, &b[..]),
+            (
+                200,
+                &b"Success: LoRA adapter 'late' added successfully."[..]
+            )
+        );
+        let (status, _, _) = call(
+            &client,
+            "POST",
+            format!("{base}/v1/load_lora_adapter"),
+            load,
+        )
+        .await;
+        assert_eq!(status, 400);
+        let (status, headers, b) = call(&client, "POST", chat.clone(), ask("late")).await;
+        assert_eq!(status, 200);
+        assert_eq!(headers["x-sim-model"], "late");
+        assert_eq!(
+            serde_json::from_slice::<Value>(&b).unwrap()["model"],
+            "late"
+        );
+        let (_, _, b) = call(&client, "GET", format!("{base}/v1/models"), None).await;
+        let ids: Vec<String> = serde_json::from_slice::<Value>(&b).unwrap()["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| format!("{}<{}", c["id"].as_str().unwrap(), c["parent"]))
+            .collect();
+        assert_eq!(ids, ["m1<null", "m2<null", "fixed<\"m1\"", "late<\"m1\""]);
+        let (status, _, _) = call(
+            &client,
+            "POST",
+            format!("{base}/v1/unload_lora_adapter"),
+            Some(json!({"lora_name": "late"})),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert_eq!(call(&client, "POST", chat, ask("late")).await.0, 404);
+        assert_eq!(
+            stats(&client, &base).await["requests_by_model"],
+            json!({"fixed": 1, "late": 3})
+        );
     }
 }

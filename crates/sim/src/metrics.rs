@@ -81,6 +81,9 @@ struct EngineCounters {
     prompt_tokens: u64,
     generation_tokens: u64,
     success: [u64; 3],
+    /// Prompt tokens looked up in the prefix cache, and those found, as vLLM v1 counts them.
+    prefix_queries: u64,
+    prefix_hits: u64,
     ttft: Histogram,
     e2e: Histogram,
     /// Waiting-queue time, observed when a request is scheduled (as vLLM does).
@@ -93,6 +96,8 @@ impl EngineCounters {
             prompt_tokens: 0,
             generation_tokens: 0,
             success: [0; 3],
+            prefix_queries: 0,
+            prefix_hits: 0,
             ttft: Histogram::new(TTFT_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             queue_time: Histogram::new(E2E_BUCKETS),
@@ -130,6 +135,14 @@ impl Metrics {
     /// A request left the waiting queue after `wait_secs`.
     pub(crate) fn scheduled(&self, engine: usize, wait_secs: f64) {
         self.with(engine, |e| e.queue_time.observe(wait_secs));
+    }
+
+    /// A scheduled request looked up `queried` prompt tokens in the prefix cache and found `hit`.
+    pub(crate) fn prefix_cache(&self, engine: usize, queried: u64, hit: u64) {
+        self.with(engine, |e| {
+            e.prefix_queries += queried;
+            e.prefix_hits += hit;
+        });
     }
 
     pub(crate) fn first_token(&self, engine: usize, prompt_tokens: u64, ttft_secs: f64) {
@@ -201,6 +214,26 @@ impl Metrics {
             // Usage is a fraction of each engine's own cache, so with an even split every
             // engine reports the same value.
             sample(&mut out, kv_name, &labels(i), g.kv_usage.clamp(0.0, 1.0));
+        }
+
+        // vLLM v1 declares these as counters `vllm:prefix_cache_queries` / `_hits`;
+        // prometheus_client exposes counters with the `_total` suffix.
+        for (name, help, value) in [
+            (
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                (|e: &EngineCounters| e.prefix_queries) as fn(&EngineCounters) -> u64,
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                |e: &EngineCounters| e.prefix_hits,
+            ),
+        ] {
+            header(&mut out, name, help, "counter");
+            for (i, e) in engines.iter().enumerate() {
+                sample(&mut out, name, &labels(i), value(e) as f64);
+            }
         }
 
         let name = "vllm:prompt_tokens_total";
@@ -359,6 +392,8 @@ mod tests {
     #[test]
     fn renders_vllm_names_and_values() {
         let m = Metrics::new(1);
+        m.prefix_cache(0, 100, 64);
+        m.prefix_cache(0, 20, 0);
         m.first_token(0, 10, 0.015);
         m.finish(0, Finish::Length, 7, 0.2);
         let text = m.render(
@@ -376,6 +411,9 @@ mod tests {
         assert_eq!(s[&format!("vllm:num_requests_waiting{{{l}}}")], 2.0);
         assert_eq!(s[&format!("vllm:kv_cache_usage_perc{{{l}}}")], 0.25);
         assert_eq!(s[&format!("vllm:prompt_tokens_total{{{l}}}")], 10.0);
+        assert_eq!(s[&format!("vllm:prefix_cache_queries_total{{{l}}}")], 120.0);
+        assert_eq!(s[&format!("vllm:prefix_cache_hits_total{{{l}}}")], 64.0);
+        assert!(text.contains("# TYPE vllm:prefix_cache_hits_total counter\n"));
         assert_eq!(s[&format!("vllm:generation_tokens_total{{{l}}}")], 7.0);
         assert_eq!(
             s[&format!("vllm:request_success_total{{{l},finished_reason=\"length\"}}")],

@@ -1,5 +1,6 @@
 //! What the simulator has been asked to do, so proxy tests can check what actually reached the
-//! backend (which model, which token caps, which tenant, how many at once).
+//! backend (which model, which token caps, which tenant, how many at once, in which order they
+//! were scheduled, how many were aborted, how much of their prompts the cache served).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
@@ -43,13 +44,31 @@ impl Recent {
     }
 }
 
+/// One request leaving the waiting queue.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct Admission {
+    /// The engine's admission order, 1-based: the order tasks log in may differ.
+    pub seq: u64,
+    pub id: String,
+    pub request_id: Option<String>,
+    pub model: String,
+    pub priority: i64,
+    pub queue_ms: f64,
+    pub cached_tokens: u64,
+}
+
 #[derive(Default)]
 struct Counters {
     received: u64,
     by_path: BTreeMap<String, u64>,
     by_model: BTreeMap<String, u64>,
     completed: u64,
+    aborted: u64,
+    prefix_queries: u64,
+    prefix_hits: u64,
+    admitted_by_priority: BTreeMap<i64, u64>,
     recent: VecDeque<Recent>,
+    admissions: VecDeque<Admission>,
 }
 
 #[derive(Default)]
@@ -81,23 +100,56 @@ impl Stats {
         self.with(|c| c.completed += 1);
     }
 
+    /// A request whose client went away before its answer ended, queued or running.
+    pub(crate) fn aborted(&self) {
+        self.with(|c| c.aborted += 1);
+    }
+
+    pub(crate) fn prefix_cache(&self, queried: u64, hit: u64) {
+        self.with(|c| {
+            c.prefix_queries += queried;
+            c.prefix_hits += hit;
+        });
+    }
+
+    pub(crate) fn admitted(&self, a: Admission) {
+        self.with(|c| {
+            *c.admitted_by_priority.entry(a.priority).or_default() += 1;
+            if c.admissions.len() == RECENT {
+                c.admissions.pop_front();
+            }
+            c.admissions.push_back(a);
+        });
+    }
+
     pub(crate) fn reset(&self) {
         self.with(|c| *c = Counters::default());
     }
 
     pub(crate) fn to_json(&self, load: &Snapshot) -> Value {
         self.with(|c| {
+            let mut admissions: Vec<&Admission> = c.admissions.iter().collect();
+            admissions.sort_by_key(|a| a.seq);
             json!({
                 "received": c.received,
                 "by_path": c.by_path,
                 "by_model": c.by_model,
+                // The same counts under the name fleet tests use: every completion request by
+                // the model it named (the default model when it named none), served or not.
+                "requests_by_model": c.by_model,
                 "running": load.running,
                 "waiting": load.waiting,
                 "peak_running": load.peak_running,
                 "peak_in_flight": load.peak_in_flight,
                 "kv_used_tokens": load.kv_used,
                 "kv_written_tokens": load.kv_written,
+                "kv_cached_free_tokens": load.kv_cached_free,
                 "completed": c.completed,
+                "aborted": c.aborted,
+                "prefix_cache_queries_tokens": c.prefix_queries,
+                "prefix_cache_hit_tokens": c.prefix_hits,
+                "admitted_by_priority": c.admitted_by_priority,
+                "admissions": admissions,
                 "recent": c.recent,
             })
         })
@@ -119,9 +171,35 @@ mod tests {
             );
         }
         s.completed();
+        s.aborted();
+        s.prefix_cache(100, 64);
+        s.prefix_cache(50, 0);
+        for (seq, priority) in [(2, 1), (1, -1), (3, 1)] {
+            s.admitted(Admission {
+                seq,
+                id: format!("cmpl-{seq}"),
+                request_id: None,
+                model: "m".into(),
+                priority,
+                queue_ms: 0.0,
+                cached_tokens: 0,
+            });
+        }
         let v = s.to_json(&Snapshot::default());
         assert_eq!(v["received"], 60);
         assert_eq!(v["by_model"]["m"], 60);
+        assert_eq!(v["requests_by_model"], json!({"m": 60}));
+        assert_eq!((&v["aborted"], &v["completed"]), (&json!(1), &json!(1)));
+        assert_eq!(v["prefix_cache_queries_tokens"], 150);
+        assert_eq!(v["prefix_cache_hit_tokens"], 64);
+        assert_eq!(v["admitted_by_priority"], json!({"-1": 1, "1": 2}));
+        let ids: Vec<&str> = v["admissions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["cmpl-1", "cmpl-2", "cmpl-3"]);
         assert_eq!(v["by_path"]["/v1/completions"], 60);
         assert_eq!(v["completed"], 1);
         let recent = v["recent"].as_array().unwrap();
@@ -130,6 +208,8 @@ mod tests {
         assert_eq!(recent[49]["content_length"], "10");
         assert_eq!(recent[49]["max_completion_tokens"], Value::Null);
         s.reset();
-        assert_eq!(s.to_json(&Snapshot::default())["received"], 0);
+        let v = s.to_json(&Snapshot::default());
+        assert_eq!((&v["received"], &v["aborted"]), (&json!(0), &json!(0)));
+        assert_eq!(v["admissions"], json!([]));
     }
 }
