@@ -55,10 +55,10 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     let mut cfg = Config::embedded(&env::process_env).map_err(|e| e.to_string())?;
     cfg.listen = vec![args.listen.clone()];
     cfg.ops_listen = vec![args.ops_listen.clone()];
-    cfg.pools.on_demand.backends = vec![on_demand.to_string()];
-    cfg.pools.spot.backends = vec![spot.to_string()];
-    for f in &mut cfg.fallbacks {
-        f.url = format!("http://{spot}");
+    for (name, addr) in [("on-demand", on_demand), ("spot", spot)] {
+        if let Some(p) = cfg.pools.get_mut(name) {
+            p.backends = vec![addr.to_string()];
+        }
     }
     // The demo exits on Ctrl-C; no upgrade socket or pid file of a real deployment is touched.
     cfg.server.insert("grace_period_seconds".into(), 1.into());

@@ -85,12 +85,19 @@ fn main() -> ExitCode {
             }),
         Command::Check { config } => Config::load(&config)
             .map(|cfg| {
+                let pools: Vec<String> = cfg
+                    .pools
+                    .iter()
+                    .map(|p| {
+                        let n = p.config.backends.len();
+                        format!("{} ({}, {n} backends)", p.name, p.class().as_str())
+                    })
+                    .collect();
                 println!(
-                    "{}: ok ({} tenants, {} on-demand and {} spot backends, {} fallbacks)",
+                    "{}: ok ({} tenants, pools {}, {} fallbacks)",
                     config.display(),
                     cfg.tenants.len(),
-                    cfg.pools.on_demand.backends.len(),
-                    cfg.pools.spot.backends.len(),
+                    pools.join(", "),
                     cfg.fallbacks.len()
                 );
             })

@@ -19,7 +19,7 @@ use sluice_proxy::{ProxyState, Sluice};
 use sluice_runtime::backend_tls::BackendTls;
 use sluice_runtime::lifecycle::Lifecycle;
 use sluice_runtime::metrics::Metrics;
-use sluice_runtime::pools::PoolSet;
+use sluice_runtime::pools::{ModelDiscovery, PoolSet};
 use sluice_runtime::replica::replica_id;
 use sluice_runtime::ring::DecisionRing;
 use sluice_runtime::signals::scraper::SignalSampler;
@@ -56,14 +56,16 @@ pub fn build(
     // Receives the listening fds from the old process with -u, and exits for -t.
     server.bootstrap();
 
+    let backend_tls = BackendTls::load(&cfg)?;
+    let (pools, health_services) =
+        PoolSet::build(&cfg, &backend_tls).map_err(|e| format!("building pools: {e}"))?;
     let hub = Arc::new(SignalHub::new(
         Clock::new(),
         cfg.signals.stale_after_ms,
         cfg.policy_rules(),
+        pools.all().map(|h| h.name.clone()).collect(),
+        pools.routes(),
     ));
-    let backend_tls = BackendTls::load(&cfg)?;
-    let (pools, health_services) =
-        PoolSet::build(&cfg, &backend_tls).map_err(|e| format!("building pools: {e}"))?;
     let (admission, admission_services) = sluice_runtime::admission::build(&cfg)?;
     let (quotas, quota_services) = sluice_runtime::quota::build(&cfg)?;
     let ledger = sluice_ledger::build(&cfg, Arc::clone(&hub))?;
@@ -142,10 +144,20 @@ pub fn build(
     for svc in health_services {
         server.add_service(svc);
     }
+    let discovery_hub = Arc::clone(&hub);
+    server.add_service(background_service(
+        "model discovery",
+        ModelDiscovery::new(
+            Arc::clone(&pools),
+            Duration::from_millis(cfg.routing.models_refresh_ms),
+            Duration::from_millis(cfg.routing.models_timeout_ms),
+            Box::new(move |routes| discovery_hub.set_routes(routes)),
+        ),
+    ));
     if cfg.signals.source.scrapes() {
         server.add_service(background_service(
             "signal sampler",
-            SignalSampler::new(&cfg, Arc::clone(&hub), &backend_tls),
+            SignalSampler::new(&cfg, Arc::clone(&hub), &backend_tls, pools.loads()),
         ));
     }
     server.add_services(sluice_runtime::signals::prometheus::services(

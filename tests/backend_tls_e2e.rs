@@ -268,7 +268,7 @@ async fn an_https_fallback_serves_the_smaller_model_over_tls() {
         .chat("coding-assistant", chat_body("llama-3-70b", Some(5)))
         .await;
     assert_eq!(r.status(), 200);
-    assert_eq!(header(&r, "x-sluice-pool"), "fallback");
+    assert_eq!(header(&r, "x-sluice-pool"), "fallback:small");
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["model"], "llama-3-8b", "{body}");
     assert_eq!(

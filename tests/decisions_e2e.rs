@@ -124,11 +124,18 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
         m.contains(r#"sluice_decisions_total{decision="pass",reason="below_tier_pressure_threshold",tier="Guaranteed"} 3"#),
         "{m}"
     );
-    assert!(m.contains(r#"sluice_decisions_total{decision="pass",reason="endpoint_not_shapeable",tier="Guaranteed"} 1"#));
-    assert!(m.contains("sluice_proxy_overhead_seconds_bucket{tier=\"Guaranteed\",le=\"0.0001\"}"));
+    // The model list is the fleet's, answered by Sluice itself.
     assert!(m.contains(
-        "sluice_request_duration_seconds_count{decision=\"pass\",tier=\"Guaranteed\"} 4"
+        r#"sluice_decisions_total{decision="pass",reason="models_listed",tier="Guaranteed"} 1"#
     ));
+    assert!(m.contains("sluice_proxy_overhead_seconds_bucket{tier=\"Guaranteed\",le=\"0.0001\"}"));
+    // The three proxied requests; the model list never reached a backend.
+    assert!(
+        m.contains(
+            "sluice_request_duration_seconds_count{decision=\"pass\",tier=\"Guaranteed\"} 3"
+        ),
+        "{m}"
+    );
     assert!(m.contains("sluice_backend_healthy{backend=\""));
     assert!(m.contains("sluice_tier_state{tier=\"Standard\"} 0"));
 
@@ -147,7 +154,7 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
         .await;
     let line = log.lines().find(|l| models_line(l)).unwrap();
     let parsed: Value = serde_json::from_str(line).unwrap();
-    assert_eq!(parsed["reason"], "endpoint_not_shapeable");
+    assert_eq!(parsed["reason"], "models_listed");
 }
 
 #[tokio::test]

@@ -181,9 +181,15 @@ fn user_facing_pages_cite_no_issues_or_commits() {
 
 #[test]
 fn the_reference_checks_catch_what_they_look_for() {
-    assert_eq!(issue_references("see issue 42, Issue #7 and (#41)").len(), 3);
+    assert_eq!(
+        issue_references("see issue 42, Issue #7 and (#41)").len(),
+        3
+    );
     assert!(issue_references("an issue with the issuer; issues remain").is_empty());
-    assert_eq!(commit_hashes("at 91823b7 and e82f81d"), ["91823b7", "e82f81d"]);
+    assert_eq!(
+        commit_hashes("at 91823b7 and e82f81d"),
+        ["91823b7", "e82f81d"]
+    );
     assert!(commit_hashes("1000000 requests, x86_64, deadbeef, sha256 cafe").is_empty());
     assert_eq!(
         link_targets("[a](docs/api.md#reason-codes) ![b](x.png) [c](https://e)"),

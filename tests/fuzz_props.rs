@@ -113,7 +113,12 @@ proptest! {
             within(obj.get("max_tokens"), c)
                 && obj.get("max_completion_tokens").is_none_or(|v| within(Some(v), c))
         }) && model.as_deref().is_none_or(|m| obj.get("model").and_then(Value::as_str) == Some(m));
-        match shaping::shape(&body, cap, model.as_deref()) {
+        let rewrite = shaping::Rewrite {
+            cap,
+            model: model.as_deref(),
+            ..Default::default()
+        };
+        match shaping::shape(&body, &rewrite) {
             Shaped::NotJson => prop_assert!(false, "a JSON object was called not JSON"),
             // The caller forwards the original bytes: byte-identical by construction.
             Shaped::Unchanged(_) => prop_assert!(satisfied, "a needed change was skipped: {obj:?}"),
@@ -150,7 +155,12 @@ proptest! {
         cap in prop::option::of(any::<u32>()),
     ) {
         let parsed = serde_json::from_slice::<Value>(&body);
-        let out = shaping::shape(&body, cap, Some("m"));
+        let rewrite = shaping::Rewrite {
+            cap,
+            model: Some("m"),
+            ..Default::default()
+        };
+        let out = shaping::shape(&body, &rewrite);
         if !matches!(parsed, Ok(Value::Object(_))) {
             prop_assert_eq!(out, Shaped::NotJson);
         }

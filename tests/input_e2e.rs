@@ -191,8 +191,8 @@ async fn oversized_and_malformed_bodies() {
     assert_eq!(body["error"]["code"], "invalid_json");
     assert_eq!(sim_stats(&od).await["received"].as_u64().unwrap(), received);
 
-    // A prompt larger than Pingora's 64 KiB pre-read buffer is still capped, via the
-    // buffered path (rewritten at end of body and sent chunked).
+    // A prompt of ~240 KiB (several reads of the body) is read whole, capped and sent with
+    // its new length.
     let big = "lorem ipsum ".repeat(20_000);
     let body = json!({"model": "llama-3-70b", "messages": [{"role": "user", "content": big}], "max_tokens": 5000});
     let r = post("coding-assistant", serde_json::to_vec(&body).unwrap())

@@ -110,12 +110,12 @@ async fn queue_times_out_at_its_deadline() {
         "{waited:?}"
     );
     assert_eq!(holder.await.unwrap().status(), 200);
-    let std = s.tier("Standard").await;
-    assert_eq!(
-        (std["queued"].as_u64(), std["inflight"].as_u64()),
-        (Some(0), Some(0)),
-        "nothing leaked"
-    );
+    // The holder's slot returns in the logging phase, just after its answer went out.
+    wait_for(Duration::from_secs(3), "nothing leaked", || async {
+        let std = s.tier("Standard").await;
+        ((std["queued"].as_u64(), std["inflight"].as_u64()) == (Some(0), Some(0))).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -163,7 +163,7 @@ async fn fallback_after_sustained_pressure_and_back_after_recovery() {
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-sluice-decision"), "fallback");
     assert_eq!(header(&r, "x-sluice-reason"), "fallback_sustained_pressure");
-    assert_eq!(header(&r, "x-sluice-pool"), "fallback");
+    assert_eq!(header(&r, "x-sluice-pool"), "fallback:small");
     let body: Value = r.json().await.unwrap();
     assert_eq!(
         body["model"], "llama-3-8b",
@@ -185,7 +185,7 @@ async fn fallback_after_sustained_pressure_and_back_after_recovery() {
         .await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-sluice-decision"), "fallback");
-    assert_eq!(header(&r, "x-sluice-pool"), "fallback");
+    assert_eq!(header(&r, "x-sluice-pool"), "fallback:small");
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["model"], "llama-3-8b");
     assert_eq!(body["usage"]["completion_tokens"], 256, "Standard's cap");

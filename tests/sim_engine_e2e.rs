@@ -171,7 +171,8 @@ async fn max_tokens_reservation_queues_requests_at_low_real_usage() {
 
 #[tokio::test]
 async fn output_reservation_runs_the_same_requests_side_by_side() {
-    let s = sim("m", &["--kv-tokens", "200"]).await;
+    // Without the prefix cache the two identical prompts each hold their own blocks.
+    let s = sim("m", &["--kv-tokens", "200", "--prefix-caching", "off"]).await;
     let (first, second) = two_early_enders(&s).await;
     let kv = gauges_until(&s, "both requests running", |g| (g.0, g.1) == (2.0, 0.0)).await;
     // 2 × (25 + 5) of 200.

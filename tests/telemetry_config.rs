@@ -23,8 +23,8 @@ fn defaults_scrape_and_read_both_vllm_generations() {
     let s = &cfg.signals;
     assert_eq!(s.source, SignalSource::Scrape);
     assert_eq!((s.prometheus_poll_ms, s.prometheus_timeout_ms), (1000, 500));
-    assert_eq!(s.pool_selectors.on_demand, r#"pool="on-demand""#);
-    assert_eq!(s.pool_selectors.spot, r#"pool="spot""#);
+    assert_eq!(s.pool_selectors.of("on-demand"), r#"pool="on-demand""#);
+    assert_eq!(s.pool_selectors.of("spot"), r#"pool="spot""#);
     assert!(s
         .queries
         .kv_usage

@@ -10,7 +10,6 @@
 use sluice_config::Config;
 use sluice_policy::Clock;
 use sluice_policy::SignalKind;
-use sluice_runtime::signals::hub::SignalPool;
 use sluice_runtime::signals::prometheus::PrometheusPoller;
 use sluice_runtime::signals::{SignalHub, SignalReading};
 use std::path::Path;
@@ -101,7 +100,7 @@ signals:
 "#
     );
     let cfg = Config::from_yaml(&yaml, "test.yaml", Path::new("."), None, &|_| None).unwrap();
-    let hub = Arc::new(SignalHub::new(
+    let hub = Arc::new(SignalHub::pair(
         Clock::new(),
         cfg.signals.stale_after_ms,
         cfg.policy_rules(),
@@ -116,8 +115,8 @@ async fn poll(addr: &str, on_demand: &str, spot: &str) -> (SignalReading, Signal
     poller.poll_once().await;
     let now = hub.clock().now_ms();
     (
-        hub.reading(SignalPool::OnDemand, SignalKind::Pressure, now),
-        hub.reading(SignalPool::Spot, SignalKind::Pressure, now),
+        hub.reading(0, SignalKind::Pressure, now),
+        hub.reading(1, SignalKind::Pressure, now),
     )
 }
 
@@ -169,5 +168,5 @@ async fn only_the_sole_source_advances_the_policy() {
     let before = hub.state();
     alone.poll_once().await;
     assert!(!Arc::ptr_eq(&before, &hub.state()));
-    assert_eq!(hub.state().signals.pressure, Some(50.0));
+    assert_eq!(hub.state().domain(0).signals.pressure, Some(50.0));
 }

@@ -155,8 +155,11 @@ fn one_send_baseline(backend: &Backend) -> u64 {
     seen[0].segs_in
 }
 
+/// The model is declared, so the backend sees only proxied requests (no `/v1/models` asks).
 fn config_for(backend: &Backend) -> serde_json::Value {
-    config(&[&backend.addr()], &[])
+    let mut cfg = config(&[&backend.addr()], &[]);
+    merge(&mut cfg, json!({"pools": {"on-demand": {"models": ["m"]}}}));
+    cfg
 }
 
 #[tokio::test]

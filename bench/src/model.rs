@@ -252,7 +252,11 @@ pub fn run(input: ModelInput<'_>) -> Run {
         .collect();
     let mut proxy = input.config.map(|cfg| {
         let rules = cfg.policy_rules();
-        let hc = &cfg.pools.spot.health_check;
+        let spot = cfg.pools.get("spot").or_else(|| cfg.pools.iter().last());
+        let hc = spot
+            .map(|p| p.config.health_check.clone())
+            .unwrap_or_default();
+        let hc = &hc;
         Proxy {
             policy: PolicyEngine::new(rules.clone()),
             rules,

@@ -396,7 +396,7 @@ pub async fn run(
         flame_runs(&targets, dir, secs, &script, &wd.path)?;
     }
     let mut section = String::new();
-    section.push_str("## Proxy overhead against nginx (issue 6)\n\n");
+    section.push_str("## Proxy overhead against nginx\n\n");
     let _ = writeln!(
         section,
         "Command: `target/release/sluice-bench overhead --seconds {secs} --rounds {rounds}` (also part of `bench/run.sh`)  \n{}\n",

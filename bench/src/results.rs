@@ -36,7 +36,7 @@ pub async fn run_scenarios(
     std::fs::create_dir_all(&common.out).map_err(|e| format!("{}: {e}", common.out.display()))?;
     let overrides = parse_overrides(scen)?;
     if let Some(path) = &common.results_md {
-        let head = format!("## Tier protection, live (issue 6)\n\n{READING}");
+        let head = format!("## Tier protection, live\n\n{READING}");
         update_section(path, "tier-protection", &head)?;
     }
     for s in expand(scen, overrides.as_ref())? {
@@ -685,25 +685,15 @@ pub fn uptime() -> String {
         .unwrap_or_default()
 }
 
-/// Commit, machine and load, for every results section.
+/// Machine and load, for every results section: the figures say what is true now, so they
+/// name where they ran, not which commit.
 pub struct Environment {
-    commit: String,
     machine: String,
     load: String,
 }
 
 impl Environment {
     pub fn capture() -> Self {
-        let git = |args: &[&str]| {
-            std::process::Command::new("git")
-                .args(args)
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        };
-        let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-        let dirty = git(&["status", "--porcelain"]).is_some_and(|s| !s.is_empty());
         let mem_gib = std::fs::read_to_string("/proc/meminfo")
             .ok()
             .and_then(|m| {
@@ -720,14 +710,6 @@ impl Environment {
             });
         let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
         Self {
-            commit: format!(
-                "{commit}{}",
-                if dirty {
-                    " with uncommitted changes"
-                } else {
-                    ""
-                }
-            ),
             machine: format!("{cores} cores{mem_gib}, {}", std::env::consts::ARCH),
             load: uptime(),
         }
@@ -741,8 +723,8 @@ impl Environment {
             "Release build."
         };
         format!(
-            "Commit {}; machine: {}, shared with other work; {} before the runs. {build}",
-            self.commit, self.machine, self.load
+            "Machine: {}, shared with other work; {} before the runs. {build}",
+            self.machine, self.load
         )
     }
 }

@@ -206,12 +206,12 @@ pub async fn run(
     let mut md = String::new();
     let (title, flag, extras) = if with_extras {
         (
-            "## Long run: Sluice's memory with the ledger and Redis admission (issue 13)",
+            "## Long run: Sluice's memory with the ledger and Redis admission",
             " --ledger-and-redis",
             ", with the PostgreSQL ledger (schema `sluice_soak`) and Redis admission on",
         )
     } else {
-        ("## Long run: Sluice's memory (issue 6)", "", "")
+        ("## Long run: Sluice's memory", "", "")
     };
     let _ = writeln!(md, "{title}\n");
     let _ = writeln!(

@@ -1,5 +1,5 @@
 //! `SLUICE_*` environment overrides. One table ([`OVERRIDES`]) drives both the parsing and the
-//! README's reference, so a knob cannot be documented without existing or vice versa. The
+//! reference table of docs/configuration.md, so a knob cannot be documented without existing or vice versa. The
 //! environment is read through a function so tests never touch the process environment.
 
 use crate::error::ConfigError;

@@ -1,12 +1,13 @@
 //! The config file's shape. Every section has documented defaults, so an empty file is a valid
 //! config pointing at 127.0.0.1:8001 (on-demand) and 127.0.0.1:8002 (spot).
 
+use crate::pools::{FallbackTarget, PoolsConfig};
 use serde::Deserialize;
 use sluice_policy::adaptive::AdaptiveTuning;
 use sluice_policy::fallback::FallbackTuning;
 use sluice_policy::pressure::{Threshold, Thresholds};
 use sluice_policy::stability::StabilityTuning;
-use sluice_policy::tenant_policy::{FallbackCapacity, PolicyRules, TierRules};
+use sluice_policy::tenant_policy::{PolicyRules, TierRules};
 use sluice_policy::{PolicyMode, Pool, Tier};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -195,175 +196,6 @@ impl Default for AuthConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct PoolsConfig {
-    #[serde(rename = "on-demand")]
-    pub on_demand: PoolConfig,
-    pub spot: PoolConfig,
-}
-
-impl Default for PoolsConfig {
-    fn default() -> Self {
-        Self {
-            on_demand: PoolConfig::with_backend("127.0.0.1:8001"),
-            spot: PoolConfig::with_backend("127.0.0.1:8002"),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PoolConfig {
-    /// `host:port` of each OpenAI-compatible backend (vLLM).
-    pub backends: Vec<String>,
-    pub health_check: HealthCheckConfig,
-    /// TLS to every backend of the pool (off by default).
-    pub tls: BackendTlsConfig,
-}
-
-impl PoolConfig {
-    pub fn with_backend(addr: &str) -> Self {
-        Self {
-            backends: vec![addr.into()],
-            ..Default::default()
-        }
-    }
-}
-
-/// `pools.<pool>.tls` and `fallbacks[].tls`: TLS from Sluice to a backend. Proxied requests,
-/// health checks and the `/metrics` scrape all use it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BackendTlsConfig {
-    /// For a fallback, its `https://` URL turns TLS on.
-    pub enabled: bool,
-    /// The server name sent and verified; default each backend's host part.
-    pub sni: Option<String>,
-    /// PEM bundle of the CAs to trust instead of the system's roots; relative to the config's
-    /// directory.
-    pub ca_file: Option<PathBuf>,
-    /// Check the certificate chain and that it names `sni`. Off only for testing: anyone on
-    /// the path could then read prompts and answers.
-    pub verify: bool,
-}
-
-impl Default for BackendTlsConfig {
-    fn default() -> Self {
-        Self {
-            enabled: false,
-            sni: None,
-            ca_file: None,
-            verify: true,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct HealthCheckConfig {
-    /// vLLM answers 200 on `/health` when its engine is alive.
-    pub path: String,
-    pub interval_ms: u64,
-    pub timeout_ms: u64,
-    pub consecutive_success: usize,
-    pub consecutive_failure: usize,
-}
-
-impl Default for HealthCheckConfig {
-    fn default() -> Self {
-        Self {
-            path: "/health".into(),
-            interval_ms: 1000,
-            timeout_ms: 1000,
-            consecutive_success: 1,
-            consecutive_failure: 2,
-        }
-    }
-}
-
-impl BackendTlsConfig {
-    /// The name sent as SNI to `addr` (`host:port`) and checked in its certificate: `sni`, or
-    /// the host part (an IPv6 host without its brackets).
-    pub fn server_name(&self, addr: &str) -> String {
-        match &self.sni {
-            Some(sni) => sni.clone(),
-            None => {
-                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-                host.trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .to_string()
-            }
-        }
-    }
-}
-
-/// One backend address as Sluice reaches it, with the keys that name it in messages.
-#[derive(Debug, Clone)]
-pub struct BackendTarget {
-    /// `host:port`.
-    pub addr: String,
-    /// `pools.spot.backends[1]`, `fallbacks[0].url`.
-    pub addr_key: String,
-    /// `pools.spot.tls`, `fallbacks[0].tls`.
-    pub tls_key: String,
-    /// With `enabled` set for an `https://` fallback.
-    pub tls: BackendTlsConfig,
-}
-
-impl Config {
-    /// Every backend of the pools and fallbacks, in config order (an address may repeat).
-    /// A fallback whose URL does not parse is left out: validation reports it.
-    pub fn backend_targets(&self) -> Vec<BackendTarget> {
-        let pools = [
-            ("pools.on-demand", &self.pools.on_demand),
-            ("pools.spot", &self.pools.spot),
-        ];
-        let mut out: Vec<BackendTarget> = pools
-            .iter()
-            .flat_map(|(base, p)| {
-                p.backends
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, b)| BackendTarget {
-                        addr: b.clone(),
-                        addr_key: format!("{base}.backends[{i}]"),
-                        tls_key: format!("{base}.tls"),
-                        tls: p.tls.clone(),
-                    })
-            })
-            .collect();
-        for (i, f) in self.fallbacks.iter().enumerate() {
-            let Ok((addr, https)) = crate::url::backend_of_url(&f.url) else {
-                continue;
-            };
-            let mut tls = f.tls.clone();
-            tls.enabled |= https;
-            out.push(BackendTarget {
-                addr,
-                addr_key: format!("fallbacks[{i}].url"),
-                tls_key: format!("fallbacks[{i}].tls"),
-                tls,
-            });
-        }
-        out
-    }
-}
-
-/// A smaller model on its own backend, used under sustained pressure. The first healthy one in
-/// list order is used.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FallbackTarget {
-    pub name: String,
-    /// `http://host:port` or `https://host:port` of the backend serving `model`.
-    pub url: String,
-    pub model: String,
-    /// SNI, CA and verification for an `https://` URL.
-    #[serde(default)]
-    pub tls: BackendTlsConfig,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
 pub struct SignalsConfig {
     /// Where pool signals come from (`SLUICE_SIGNALS_SOURCE`). Default `scrape`.
     pub source: SignalSource,
@@ -442,21 +274,18 @@ impl SignalSource {
     }
 }
 
-/// `signals.pool_selectors`: PromQL label matchers, without braces.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PoolSelectors {
-    #[serde(rename = "on-demand")]
-    pub on_demand: String,
-    pub spot: String,
-}
+/// `signals.pool_selectors`: PromQL label matchers, without braces, by pool name. A pool not
+/// listed is selected by `pool="<name>"`; an empty selector leaves the pool unpolled.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct PoolSelectors(pub BTreeMap<String, String>);
 
-impl Default for PoolSelectors {
-    fn default() -> Self {
-        Self {
-            on_demand: r#"pool="on-demand""#.into(),
-            spot: r#"pool="spot""#.into(),
-        }
+impl PoolSelectors {
+    pub fn of(&self, pool: &str) -> String {
+        self.0
+            .get(pool)
+            .cloned()
+            .unwrap_or_else(|| format!("pool=\"{pool}\""))
     }
 }
 
@@ -646,6 +475,10 @@ pub struct RoutingConfig {
     pub spot_evict_pressure_at: Option<f64>,
     /// Spot's own waiting queue at which Best-Effort is evicted to on-demand.
     pub spot_evict_queue_depth_at: Option<f64>,
+    /// How often each backend of a pool without declared `models` is asked its `/v1/models`
+    /// (every second until each has answered once).
+    pub models_refresh_ms: u64,
+    pub models_timeout_ms: u64,
 }
 
 impl Default for RoutingConfig {
@@ -654,6 +487,8 @@ impl Default for RoutingConfig {
         Self {
             spot_evict_pressure_at: t.pressure.critical_at,
             spot_evict_queue_depth_at: t.queue_depth.critical_at,
+            models_refresh_ms: 10_000,
+            models_timeout_ms: 1000,
         }
     }
 }
@@ -833,7 +668,7 @@ impl CoordinationConfig {
 pub struct LedgerConfig {
     /// How often the writer sends buffered rows to PostgreSQL, in ms. Default 100: half of 200's
     /// COPY burst, which is what the proxy's p99 waits behind at high concurrency, for the same
-    /// throughput (bench/RESULTS.md, "Overhead at 91823b7 and 62a51e8").
+    /// throughput (measured when it landed; see this file's git history).
     pub flush_interval_ms: u64,
     /// Rows per batch (one `COPY`); a flush also starts as soon as this many rows are buffered.
     /// Default 5000: more than one flush interval holds at one replica's rates, so batches go out
@@ -949,26 +784,8 @@ pub(crate) fn policy_rules(cfg: &Config) -> PolicyRules {
             queue_depth: Threshold::new(None, cfg.routing.spot_evict_queue_depth_at),
             sla_violation_rate: Threshold::default(),
         },
-        fallback_capacity: match cfg.fallbacks.first() {
-            None => FallbackCapacity::None,
-            Some(f) => {
-                let addr = crate::url::backend_of_url(&f.url)
-                    .map(|(addr, _)| addr)
-                    .unwrap_or_default();
-                if cfg.pools.on_demand.backends.contains(&addr) {
-                    FallbackCapacity::On(Pool::OnDemand)
-                } else if cfg.pools.spot.backends.contains(&addr) {
-                    FallbackCapacity::On(Pool::Spot)
-                } else {
-                    FallbackCapacity::Separate
-                }
-            }
-        },
-        spot_is_on_demand: {
-            let set = |b: &[String]| b.iter().cloned().collect::<std::collections::BTreeSet<_>>();
-            let spot = set(&cfg.pools.spot.backends);
-            !spot.is_empty() && spot == set(&cfg.pools.on_demand.backends)
-        },
+        fallback_capacity: cfg.fallback_capacity(),
+        spot_is_on_demand: cfg.spot_is_on_demand(),
     }
 }
 

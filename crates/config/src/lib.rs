@@ -5,11 +5,13 @@
 //! points at and only this crate should read: tenants and API keys ([`tenancy`]), certificate
 //! and CA files ([`tls`]), the header limits ([`limits`]).
 
+mod derive;
 pub mod env;
 mod error;
 mod file;
 pub mod limits;
 mod load;
+mod pools;
 pub mod tenancy;
 pub mod tls;
 mod url;
@@ -18,4 +20,8 @@ mod validate;
 pub use error::ConfigError;
 pub use file::*;
 pub use load::{EMBEDDED_DEFAULT, EMBEDDED_TENANTS};
+pub use pools::{
+    BackendTarget, BackendTlsConfig, FallbackTarget, HealthCheckConfig, NamedPool, PoolClass,
+    PoolConfig, PoolsConfig, Selection,
+};
 pub use url::backend_of_url;

@@ -37,8 +37,11 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let mut cfg: Config = serde_yaml::from_str(text).map_err(|e| yaml_error(label, &e))?;
         cfg.source = label.to_string();
-        let ca_files = [&mut cfg.pools.on_demand.tls, &mut cfg.pools.spot.tls]
-            .into_iter()
+        let ca_files = cfg
+            .pools
+            .0
+            .iter_mut()
+            .map(|p| &mut p.config.tls)
             .chain(cfg.fallbacks.iter_mut().map(|f| &mut f.tls))
             .filter_map(|t| t.ca_file.as_mut());
         let listener_files = cfg
@@ -79,6 +82,8 @@ impl Config {
             cfg.tenants_source = label.to_string();
         }
         env::apply(&mut cfg, env)?;
+        validate::fallbacks(&cfg)?;
+        cfg.pools_from_fallbacks();
         validate::validate(&cfg)?;
         Ok(cfg)
     }

@@ -1,12 +1,40 @@
 //! One pass over a parsed config that reports the first problem with its file, key and reason.
 
 use crate::error::ConfigError;
-use crate::file::{BackendTlsConfig, Config, HealthCheckConfig, PoolConfig};
+use crate::file::Config;
+use crate::pools::PoolConfig;
+use crate::pools::{BackendTlsConfig, HealthCheckConfig};
 use crate::url::{backend_of_url, host_port};
 use sluice_policy::Tier;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+
+/// The fallbacks, checked before those with a URL of their own become pools.
+pub(super) fn fallbacks(c: &Config) -> Result<(), ConfigError> {
+    let file = c.source.as_str();
+    let err = |key: String, reason: String| Err(ConfigError::new(file, key, reason));
+    let mut names = HashSet::new();
+    for (i, f) in c.fallbacks.iter().enumerate() {
+        let key = format!("fallbacks[{i}]");
+        if !names.insert(f.name.as_str()) {
+            return err(
+                format!("{key}.name"),
+                format!("duplicate fallback name {:?}", f.name),
+            );
+        }
+        if f.model.trim().is_empty() {
+            return err(
+                format!("{key}.model"),
+                "must name the fallback model".into(),
+            );
+        }
+        if let Some(Err(reason)) = f.url.as_deref().map(backend_of_url) {
+            return err(format!("{key}.url"), reason);
+        }
+    }
+    Ok(())
+}
 
 pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
     let file = c.source.as_str();
@@ -55,29 +83,14 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
         }
     }
     c.server_conf()?;
-    pool(file, "pools.on-demand", &c.pools.on_demand, true)?;
-    pool(file, "pools.spot", &c.pools.spot, false)?;
-    ledger(c)?;
-
-    let mut names = HashSet::new();
-    for (i, f) in c.fallbacks.iter().enumerate() {
-        let key = format!("fallbacks[{i}]");
-        if !names.insert(f.name.as_str()) {
-            return err(
-                &format!("{key}.name"),
-                format!("duplicate fallback name {:?}", f.name),
-            );
-        }
-        if f.model.trim().is_empty() {
-            return err(
-                &format!("{key}.model"),
-                "must name the fallback model".into(),
-            );
-        }
-        if let Err(reason) = backend_of_url(&f.url) {
-            return err(&format!("{key}.url"), reason);
-        }
+    pools(c)?;
+    if c.routing.models_refresh_ms == 0 || c.routing.models_timeout_ms == 0 {
+        return err(
+            "routing",
+            "models_refresh_ms and models_timeout_ms must be > 0".into(),
+        );
     }
+    ledger(c)?;
     backend_tls(c)?;
 
     let s = &c.signals;
@@ -450,23 +463,21 @@ fn telemetry(c: &Config) -> Result<(), ConfigError> {
             "must be larger than prometheus_poll_ms".into(),
         );
     }
-    for (key, sel, required) in [
-        (
-            "signals.pool_selectors.on-demand",
-            &s.pool_selectors.on_demand,
-            true,
-        ),
-        ("signals.pool_selectors.spot", &s.pool_selectors.spot, false),
-    ] {
-        if required && sel.trim().is_empty() {
+    for (name, sel) in &s.pool_selectors.0 {
+        let key = format!("signals.pool_selectors.{name}");
+        let Some(pool) = c.pools.iter().find(|p| p.name == *name) else {
+            return err(&key, format!("no pool is named {name:?}"));
+        };
+        // The policy decides on on-demand pools' signals: one left unpolled would be blind.
+        if sel.is_empty() && pool.class() == crate::pools::PoolClass::OnDemand {
             return err(
-                key,
-                "must select the pool's series, e.g. pool=\"on-demand\"".into(),
+                &key,
+                "an on-demand pool must be polled: give its label matchers".into(),
             );
         }
         if sel.contains(['{', '}', '\n']) {
             return err(
-                key,
+                &key,
                 format!("{sel:?}: give the label matchers without braces, e.g. pool=\"spot\""),
             );
         }
@@ -478,7 +489,7 @@ fn telemetry(c: &Config) -> Result<(), ConfigError> {
         if !q.contains("{selector}") {
             return err(
                 key,
-                "must contain the {selector} placeholder, or both pools read the same series"
+                "must contain the {selector} placeholder, or every pool reads the same series"
                     .into(),
             );
         }
@@ -505,12 +516,51 @@ fn prometheus_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn pool(file: &str, base: &str, p: &PoolConfig, required: bool) -> Result<(), ConfigError> {
-    if required && p.backends.is_empty() {
+fn pools(c: &Config) -> Result<(), ConfigError> {
+    let file = c.source.as_str();
+    if c.pools.iter().all(|p| p.config.backends.is_empty()) {
+        let key = match c.pools.iter().next() {
+            Some(p) => format!("pools.{}.backends", p.name),
+            None => "pools".into(),
+        };
         return Err(ConfigError::new(
             file,
-            format!("{base}.backends"),
-            "at least one backend is required",
+            key,
+            "at least one pool with a backend is required",
+        ));
+    }
+    for p in c.pools.iter().filter(|p| p.from_fallback.is_none()) {
+        let base = format!("pools.{}", p.name);
+        if p.name.trim().is_empty() || p.name.contains(['{', '}', '"', '\n']) {
+            return Err(ConfigError::new(
+                file,
+                base,
+                "a pool name is a plain label (no braces, quotes or newlines)",
+            ));
+        }
+        pool(file, &base, &p.config)?;
+    }
+    Ok(())
+}
+
+fn pool(file: &str, base: &str, p: &PoolConfig) -> Result<(), ConfigError> {
+    if let Some(models) = &p.models {
+        if let Some(i) = models.iter().position(|m| m.trim().is_empty()) {
+            return Err(ConfigError::new(
+                file,
+                format!("{base}.models[{i}]"),
+                "a model name cannot be empty",
+            ));
+        }
+    }
+    if !(p.load_bound >= 1.0 && p.load_bound.is_finite()) {
+        return Err(ConfigError::new(
+            file,
+            format!("{base}.load_bound"),
+            format!(
+                "{} must be at least 1 (a replica may take the pool's mean load)",
+                p.load_bound
+            ),
         ));
     }
     for (i, b) in p.backends.iter().enumerate() {

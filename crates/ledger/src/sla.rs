@@ -20,7 +20,6 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use sluice_policy::SignalKind;
-use sluice_runtime::signals::hub::SignalPool;
 use sluice_runtime::signals::SignalHub;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -68,8 +67,7 @@ impl BackgroundService for SlaService {
         loop {
             tick.tick().await;
             let value = self.compute().await;
-            self.hub.record_external(
-                SignalPool::OnDemand,
+            self.hub.record_external_on_demand(
                 SignalKind::SlaViolationRate,
                 value.as_ref().map(|w| w.rate()).map_err(Clone::clone),
             );

@@ -9,7 +9,6 @@ use http::Response;
 use pingora::protocols::http::ServerSession;
 use serde_json::json;
 use sluice_policy::SignalKind;
-use sluice_runtime::signals::hub::SignalPool;
 
 const MAX_ADMIN_BODY: usize = 4096;
 
@@ -27,9 +26,17 @@ pub async fn handle(
         _ => return json_response(404, &bad("not_found", format!("no admin endpoint {path}"))),
     };
     let query = session.req_header().uri.query().unwrap_or("").to_string();
-    let pool_name = query_param(&query, "pool").unwrap_or("on-demand");
-    let Some(pool) = SignalPool::parse(pool_name) else {
-        let msg = format!("pool {pool_name:?} is not on-demand or spot");
+    // Default: the first on-demand pool, whose signals a two-pool fleet's tiers are judged on.
+    let first = ops
+        .pools
+        .all()
+        .find(|h| h.class == sluice_config::PoolClass::OnDemand)
+        .or_else(|| ops.pools.get(0))
+        .map_or("on-demand", |h| h.label);
+    let pool_name = query_param(&query, "pool").unwrap_or(first);
+    let Some(pool) = ops.hub.pool_index(pool_name) else {
+        let names = ops.hub.pool_names().join(", ");
+        let msg = format!("no pool is named {pool_name:?} (pools: {names})");
         return json_response(400, &bad("invalid_pool", msg));
     };
     match method {

@@ -69,7 +69,12 @@ const BY_RANK: [Tier; 3] = [Tier::BestEffort, Tier::Standard, Tier::Guaranteed];
 /// The interventions of `rules` on `pool`'s traffic, cheapest first (see the module doc). A
 /// fallback step is there only when the fallback runs on other capacity than `pool`'s.
 pub fn ladder(rules: &PolicyRules, pool: Pool) -> Vec<Step> {
-    let fallback = rules.fallback_relieves(pool);
+    ladder_with(rules, rules.fallback_relieves(pool))
+}
+
+/// The ladder of a pool for which moving traffic to the fallback model does (`fallback`) or
+/// does not relieve it.
+pub fn ladder_with(rules: &PolicyRules, fallback: bool) -> Vec<Step> {
     let lower = || BY_RANK.into_iter().filter(|t| *t != Tier::Guaranteed);
     let mut steps = Vec::new();
     let step = |tier, kind| Step { tier, kind };
@@ -312,6 +317,9 @@ pub struct PoolController {
     last_sample: Option<Millis>,
     /// vLLM's queue delay at the previous sample, for its growth.
     last_delay: Option<f64>,
+    /// Set in a fleet, where whether the fallback relieves this pool is known from where its
+    /// model is served rather than from the rules' two-pool view.
+    fallback_relieves: Option<bool>,
 }
 
 /// A tier's unloaded latency on one pool, learned the way TCP Vegas learns its base RTT: the
@@ -380,7 +388,14 @@ impl PoolController {
             baseline: Default::default(),
             last_sample: None,
             last_delay: None,
+            fallback_relieves: None,
         }
+    }
+
+    /// Whether moving traffic to the fallback model relieves this pool (its ladder then has
+    /// fallback steps), when the fleet knows it better than the rules do.
+    pub fn set_fallback_relieves(&mut self, relieves: Option<bool>) {
+        self.fallback_relieves = relieves;
     }
 
     pub fn level(&self) -> f64 {
@@ -428,7 +443,10 @@ impl PoolController {
         let dt = self.last_sample.map_or(0, |t| now.saturating_sub(t));
         self.last_sample = Some(now);
 
-        let steps = ladder(rules, pool);
+        let steps = match self.fallback_relieves {
+            Some(relieves) => ladder_with(rules, relieves),
+            None => ladder(rules, pool),
+        };
         // The wait a request arriving now meets. The histogram's interval mean is the past
         // interval's leavers: once vLLM's queue is empty it still reports the waits of the
         // backlog that just drained and would raise the level for a queue that is gone.

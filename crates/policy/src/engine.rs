@@ -5,33 +5,60 @@ use crate::action;
 use crate::adaptive::{Outcome, PoolControl, PoolController};
 use crate::adaptive_decide;
 use crate::fallback::SustainedPressureTracker;
+use crate::fleet::{self, FleetState, Layout, PoolLayout, PoolState};
 use crate::pressure;
 use crate::routing;
 use crate::stability::StabilityModel;
 use crate::state::{Decision, PolicyState};
 use crate::tenant_policy::{self, PolicyRules};
-use crate::types::{Millis, PolicyMode, Pool, PoolSignals, RequestFacts, Tier, TierState};
+use crate::types::{Millis, PolicyMode, PoolSignals, RequestFacts, Tier, TierState};
 
-/// Holds the state that must persist between samples: one stability model per tier and the
-/// fallback tracker (thresholds mode), one admission controller per pool (adaptive mode).
+/// Holds the state that must persist between samples, per pool: one stability model per tier
+/// and the fallback tracker (thresholds mode), the admission controller (adaptive mode).
 /// Everything else is recomputed from each sample.
 #[derive(Debug, Clone)]
 pub struct PolicyEngine {
     rules: PolicyRules,
+    layout: Layout,
+    pools: Vec<PoolEngine>,
+}
+
+#[derive(Debug, Clone)]
+struct PoolEngine {
     stability: [StabilityModel; 3],
     fallback: SustainedPressureTracker,
-    controllers: [PoolController; 2],
+    controller: PoolController,
+}
+
+impl PoolEngine {
+    fn new(rules: &PolicyRules, layout: &PoolLayout) -> Self {
+        let mut controller = PoolController::new();
+        controller.set_fallback_relieves(layout.fallback_relieves);
+        PoolEngine {
+            stability: Tier::ALL.map(|_| StabilityModel::new(rules.stability.clone())),
+            fallback: SustainedPressureTracker::new(rules.fallback.clone()),
+            controller,
+        }
+    }
 }
 
 impl PolicyEngine {
+    /// The two-pool fleet (on-demand, spot).
     pub fn new(rules: PolicyRules) -> Self {
-        let stability = Tier::ALL.map(|_| StabilityModel::new(rules.stability.clone()));
-        let fallback = SustainedPressureTracker::new(rules.fallback.clone());
+        let layout = Layout::pair(rules.spot_is_on_demand);
+        Self::with_layout(rules, layout)
+    }
+
+    pub fn with_layout(rules: PolicyRules, layout: Layout) -> Self {
+        let pools = layout
+            .pools
+            .iter()
+            .map(|p| PoolEngine::new(&rules, p))
+            .collect();
         Self {
             rules,
-            stability,
-            fallback,
-            controllers: Default::default(),
+            layout,
+            pools,
         }
     }
 
@@ -39,14 +66,34 @@ impl PolicyEngine {
         &self.rules
     }
 
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
     /// Replaces the rules (hot reload) while keeping each tier's current state, so a reload never
     /// resets a tier that is shedding load back to Normal.
     pub fn set_rules(&mut self, rules: PolicyRules) {
-        for model in &mut self.stability {
-            model.set_tuning(rules.stability.clone());
+        for pool in &mut self.pools {
+            for model in &mut pool.stability {
+                model.set_tuning(rules.stability.clone());
+            }
+            pool.fallback.set_tuning(rules.fallback.clone());
         }
-        self.fallback.set_tuning(rules.fallback.clone());
         self.rules = rules;
+    }
+
+    /// Replaces the layout (a pool started or stopped serving a model). A pool keeps its state
+    /// across the change; pools beyond the old count start fresh.
+    pub fn set_layout(&mut self, layout: Layout) {
+        self.pools.truncate(layout.pools.len());
+        while self.pools.len() < layout.pools.len() {
+            let p = PoolEngine::new(&self.rules, &layout.pools[self.pools.len()]);
+            self.pools.push(p);
+        }
+        for (engine, p) in self.pools.iter_mut().zip(&layout.pools) {
+            engine.controller.set_fallback_relieves(p.fallback_relieves);
+        }
+        self.layout = layout;
     }
 
     /// Feeds one sample of the signals (on-demand pool for tier states, spot pool for eviction)
@@ -60,8 +107,8 @@ impl PolicyEngine {
         self.sample(signals, spot, [&[], &[]], now)
     }
 
-    /// Feeds one sample: each pool's signals and the outcomes of the requests it served since
-    /// the previous sample (by [`Pool::signal_index`]).
+    /// Feeds one sample of the two-pool fleet: each pool's signals and the outcomes of the
+    /// requests it served since the previous sample (by [`Pool::signal_index`]).
     pub fn sample(
         &mut self,
         signals: &PoolSignals,
@@ -69,66 +116,102 @@ impl PolicyEngine {
         outcomes: [&[Outcome]; 2],
         now: Millis,
     ) -> PolicyState {
-        let (rules, [od, sp]) = (&self.rules, &mut self.controllers);
-        let pools = if rules.spot_is_on_demand {
-            let both: Vec<Outcome> = outcomes.concat();
-            let work = signals.inflight_work.zip(spot.inflight_work);
-            let signals = &PoolSignals {
-                inflight_work: work.map(|(a, b)| a + b),
-                ..*signals
-            };
-            let one = od.observe(Pool::OnDemand, rules, &rules.adaptive, signals, &both, now);
-            [one.clone(), one]
-        } else {
-            [
-                od.observe(
-                    Pool::OnDemand,
-                    rules,
-                    &rules.adaptive,
-                    signals,
-                    outcomes[0],
-                    now,
-                ),
-                sp.observe(Pool::Spot, rules, &rules.adaptive, spot, outcomes[1], now),
-            ]
-        };
-        let mut state = self.threshold_state(signals, spot, now);
-        if self.rules.mode == PolicyMode::Adaptive {
-            adaptive_decide::tier_states(&self.rules, &pools, &mut state.tiers);
-        }
-        state.pools = pools;
-        state
+        let mut fleet = self.sample_fleet(&[*signals, *spot], &outcomes, now);
+        fleet.domains.swap_remove(0)
     }
 
-    fn threshold_state(
+    /// Feeds one sample of every pool (by index in the layout): its signals and the outcomes of
+    /// the requests it served since the previous sample.
+    pub fn sample_fleet(
         &mut self,
-        signals: &PoolSignals,
-        spot: &PoolSignals,
+        signals: &[PoolSignals],
+        outcomes: &[&[Outcome]],
         now: Millis,
-    ) -> PolicyState {
-        let tiers = Tier::ALL.map(|tier| {
-            let rules = self.rules.tier(tier);
-            let raw = pressure::evaluate(&rules.thresholds, signals, &self.rules.stability);
-            let model = &mut self.stability[tier.index()];
-            let state = model.observe(&raw, now);
-            TierState {
-                tier,
-                state,
-                driver: model.driver(),
-                fail_open: raw.all_unavailable,
-                pressure_unavailable: signals.pressure.is_none(),
+    ) -> FleetState {
+        let rules = &self.rules;
+        let layout = &self.layout;
+        let n = layout.pools.len();
+        let signal = |i: usize| signals.get(i).copied().unwrap_or_default();
+        let outcome = |i: usize| outcomes.get(i).copied().unwrap_or(&[]);
+        let mut controls: Vec<Option<PoolControl>> = vec![None; n];
+        for i in 0..n {
+            if layout.pools[i].shares_with.is_some() {
+                continue;
             }
-        });
-        let fallback_active = self.fallback.observe(signals.pressure, now);
-        let spot_state =
-            pressure::evaluate(&self.rules.spot_eviction, spot, &self.rules.stability).escalate;
-        PolicyState {
-            tiers,
-            pools: [PoolControl::idle(Vec::new()), PoolControl::idle(Vec::new())],
-            fallback_active,
-            spot_state,
-            signals: *signals,
-            spot_signals: *spot,
+            let sharers: Vec<usize> = (0..n)
+                .filter(|&k| layout.pools[k].shares_with == Some(i))
+                .collect();
+            let class = layout.pools[i].class;
+            let tuning = &rules.adaptive;
+            let control = if sharers.is_empty() {
+                let own = signal(i);
+                self.pools[i]
+                    .controller
+                    .observe(class, rules, tuning, &own, outcome(i), now)
+            } else {
+                let mut all: Vec<Outcome> = outcome(i).to_vec();
+                let mut work = signal(i).inflight_work;
+                for &k in &sharers {
+                    all.extend_from_slice(outcome(k));
+                    work = work.zip(signal(k).inflight_work).map(|(a, b)| a + b);
+                }
+                let merged = PoolSignals {
+                    inflight_work: work,
+                    ..signal(i)
+                };
+                self.pools[i]
+                    .controller
+                    .observe(class, rules, tuning, &merged, &all, now)
+            };
+            for &k in &sharers {
+                controls[k] = Some(control.clone());
+            }
+            controls[i] = Some(control);
+        }
+        let pools: Vec<PoolState> = (0..n)
+            .map(|i| {
+                let s = signal(i);
+                let engine = &mut self.pools[i];
+                let tiers = Tier::ALL.map(|tier| {
+                    let raw =
+                        pressure::evaluate(&rules.tier(tier).thresholds, &s, &rules.stability);
+                    let model = &mut engine.stability[tier.index()];
+                    let state = model.observe(&raw, now);
+                    TierState {
+                        tier,
+                        state,
+                        driver: model.driver(),
+                        fail_open: raw.all_unavailable,
+                        pressure_unavailable: s.pressure.is_none(),
+                    }
+                });
+                PoolState {
+                    class: layout.pools[i].class,
+                    signals: s,
+                    tiers,
+                    fallback_active: engine.fallback.observe(s.pressure, now),
+                    eviction: pressure::evaluate(&rules.spot_eviction, &s, &rules.stability)
+                        .escalate,
+                    control: controls[i]
+                        .take()
+                        .unwrap_or_else(|| PoolControl::idle(Vec::new())),
+                }
+            })
+            .collect();
+        let domains = layout
+            .domains
+            .iter()
+            .map(|d| {
+                let mut state = fleet::domain(&pools, d, now);
+                if rules.mode == PolicyMode::Adaptive {
+                    adaptive_decide::tier_states(rules, &state.pools, &mut state.tiers);
+                }
+                state
+            })
+            .collect();
+        FleetState {
+            pools,
+            domains,
             at: now,
         }
     }
@@ -157,7 +240,7 @@ pub fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFacts) -> D
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Action, PressureState, Reason};
+    use crate::{Action, Pool, PressureState, Reason};
 
     /// The prototype's policy: these tests pin its behaviour in `thresholds` mode.
     fn thresholds() -> PolicyRules {

@@ -16,6 +16,7 @@ pub mod clock;
 mod engine;
 pub mod fair;
 pub mod fallback;
+pub mod fleet;
 pub mod pressure;
 pub mod reason;
 pub mod routing;

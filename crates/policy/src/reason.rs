@@ -1,5 +1,5 @@
 //! Reason codes: every decision carries one, with a stable string form used in headers, JSON
-//! bodies, logs, metrics and the ledger. The README's reason table is generated from the same
+//! bodies, logs, metrics and the ledger. The reason table of docs/api.md is checked against the same
 //! list ([`Reason::ALL`]), so the two cannot drift.
 
 use crate::types::SignalKind;
@@ -69,6 +69,10 @@ reasons! {
     InvalidJson => "invalid_json": "The body is not JSON but the decision needs to rewrite it.",
     BackendUnavailable => "backend_unavailable": "No healthy backend in the chosen pool.",
     UpstreamError => "upstream_error": "The backend failed while the request was proxied.",
+    ModelNotFound => "model_not_found": "No pool serves the requested model: answered 404 before any backend was contacted.",
+    RouteNoSpotPool => "route_no_spot_pool": "No spot pool serves the requested model: routed to its on-demand pool.",
+    ModelsListed => "models_listed": "GET /v1/models answered by Sluice: the models every pool serves.",
+    ClientGone => "client_gone": "The client went away while its request waited in the queue: it leaves the queue and is never sent.",
 }
 
 impl Reason {

@@ -1,22 +1,24 @@
-//! `request_filter`: everything decided before vLLM is contacted — tenant and tier, body pre-read, the policy decision, the in-flight slot or queue wait. A request refused
-//! here never reaches a backend. Each step either fills the context or returns a [`Refusal`].
+//! `request_filter`: everything decided before vLLM is contacted — tenant and tier, body
+//! pre-read, the model's pools, the policy decision, the in-flight slot or queue wait. A request
+//! refused here never reaches a backend. Each step either fills the context or returns a
+//! [`Refusal`].
 
 use super::ctx::{BodyMode, Ctx};
 use super::respond::{capacity_body, error_body, send_json};
 use super::ProxyState;
-use crate::shaping::{self, Shaped};
+use crate::shaping::{self, Priority, Rewrite, Shaped};
 use bytes::{Bytes, BytesMut};
 use pingora::prelude::*;
 use sluice_policy::{Action, Pool, PoolSignals, Reason, RequestFacts, Tier};
 use sluice_record::Verdict;
 use sluice_runtime::admission::{Admission, Claim, QueueParams};
+use sluice_runtime::fleet::Route;
+use sluice_runtime::signals::hub::Snapshot;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Pingora's retry buffer holds 64 KiB; a larger pre-read would lose the body (see notes §2).
-pub const PREREAD_MAX: usize = 64 * 1024;
 /// How long a request arriving right after start may wait for the first health checks.
 const FIRST_CHECKS_WAIT: Duration = Duration::from_secs(2);
 
@@ -64,6 +66,14 @@ impl Refusal {
         )
     }
 
+    /// An answer Sluice gives itself (not a refusal).
+    fn answer(reason: Reason, body: serde_json::Value) -> Self {
+        Refusal {
+            label: Verdict::Pass,
+            ..Self::new(200, reason, body)
+        }
+    }
+
     fn capacity(reason: Reason, tier: Tier, signals: &PoolSignals, retry_after_s: u64) -> Self {
         Refusal {
             retry_after_s: Some(retry_after_s),
@@ -98,7 +108,11 @@ pub async fn request_filter(
 
 async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx) -> Step<()> {
     let req = session.req_header();
-    let shapeable = shaping::is_shapeable(req.method.as_str(), req.uri.path());
+    let (method, path) = (req.method.as_str(), req.uri.path());
+    let shapeable = shaping::is_shapeable(method, path);
+    // Any API call with a body may name a model (embeddings, scoring): read it to route it.
+    let routable = shapeable || (method == "POST" && path.starts_with("/v1/"));
+    let listing = method == "GET" && path.trim_end_matches('/') == "/v1/models";
     let tier = match identify(app, session, ctx) {
         Ok(tier) => tier,
         Err(r) => return Ok(Err(r)),
@@ -107,17 +121,29 @@ async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx
         Ok(n) => n,
         Err(r) => return Ok(Err(r)),
     };
-    let raw = if shapeable && declared.is_some_and(|n| n > 0 && n <= PREREAD_MAX) {
-        match preread(session).await? {
+    // Limited by `declared_length` to `limits.max_body_bytes`. A chunked body is read whole
+    // too (up to the same limit): its `model` picks the pool as a framed one's does.
+    let chunked = declared.is_none()
+        && session
+            .req_header()
+            .headers
+            .get(http::header::TRANSFER_ENCODING)
+            .is_some();
+    let limit = if chunked {
+        Some(app.config.load().limits.max_body_bytes)
+    } else {
+        declared
+    };
+    let raw = match limit.filter(|&n| routable && n > 0) {
+        Some(n) => match preread(session, n, chunked).await? {
             Ok(raw) => {
                 ctx.body_mode = BodyMode::Preread;
                 ctx.facts = shaping::facts(&raw);
                 Some(raw)
             }
             Err(r) => return Ok(Err(r)),
-        }
-    } else {
-        None
+        },
+        None => None,
     };
 
     ctx.prompt_tokens = sluice_policy::work_gate::prompt_tokens_of_body(
@@ -128,14 +154,24 @@ async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx
         Err(r) => return Ok(Err(r)),
     };
     app.pools.first_checks(FIRST_CHECKS_WAIT).await;
-    let state = app.hub.state();
+    let snap = app.hub.state();
     let rules = app.hub.rules();
-    decide(app, ctx, &state, &rules, tier, shapeable);
+    if listing && snap.routes.complete() {
+        let data: Vec<&serde_json::Value> = snap.routes.listing().collect();
+        let body = serde_json::json!({"object": "list", "data": data});
+        return Ok(Err(Refusal::answer(Reason::ModelsListed, body)));
+    }
+    let model = ctx.facts.as_ref().and_then(|f| f.model.as_deref());
+    let Some(route) = snap.routes.route(model.filter(|_| routable)) else {
+        return Ok(Err(model_not_found(model.unwrap_or_default())));
+    };
+    decide(app, ctx, &snap, route, &rules, tier, shapeable);
+    let state = snap.domain(route.domain);
     if ctx.label == Some(Verdict::Pass) && ctx.quota.as_ref().is_some_and(|q| q.demoted()) {
         ctx.reason = Some(Reason::DemoteQuotaExceeded);
     }
     let decided_at = app.hub.clock().now_ms();
-    if let Some(pool) = super::outcome::controller_pool(app, ctx) {
+    if let Some(pool) = ctx.pool {
         app.hub.record_outcome(
             pool,
             sluice_policy::adaptive::Outcome::arrival(decided_at, tier),
@@ -164,19 +200,28 @@ async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx
     ) as u64;
     if shapeable {
         let capacity = rules.tier(tier).inflight_capacity;
-        if let Err(r) = take_slot(app, ctx, tier, capacity, work, &state.signals).await {
+        if let Err(r) = take_slot(app, session, ctx, tier, capacity, work, &state.signals).await {
             return Ok(Err(r));
         }
-    }
-    if ctx.pool == Some(Pool::Fallback) && ctx.fallback_index.is_none() {
-        ctx.pool = Some(Pool::OnDemand);
-    }
-    if shapeable {
-        if let Some(pool) = super::outcome::controller_pool(app, ctx) {
+        if let Some(pool) = ctx.pool {
             ctx.work = app.hub.charge_work(pool, work, tier, decided_at);
         }
     }
+    ctx.route = Some(route);
+    ctx.snapshot = Some(snap);
     Ok(Ok(()))
+}
+
+/// OpenAI's answer for a model nobody serves, given before any backend is contacted.
+fn model_not_found(model: &str) -> Refusal {
+    let body = serde_json::json!({"error": {
+        "message": format!("The model `{model}` does not exist."),
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+        "reason": Reason::ModelNotFound.as_str(),
+    }});
+    Refusal::new(404, Reason::ModelNotFound, body)
 }
 
 fn request_id(app: &ProxyState, session: &Session) -> String {
@@ -274,10 +319,12 @@ fn declared_length(
     Ok(declared)
 }
 
-/// Reads a small completion body whole, keeping Pingora's retry buffer so the same bytes (or
-/// their rewrite) still go upstream.
-async fn preread(session: &mut Session) -> Step<Bytes> {
-    session.enable_retry_buffering();
+/// Reads a body of `declared` bytes (at most, when `chunked`) whole, keeping Pingora's retry buffer (sized for it) so the
+/// same bytes (or their rewrite) still go upstream.
+async fn preread(session: &mut Session, declared: usize, chunked: bool) -> Step<Bytes> {
+    session
+        .downstream_session
+        .enable_retry_buffering_up_to(declared);
     // A client that sent `Expect: 100-continue` sends its body only once told to: Pingora does
     // not answer it, so without this both sides wait (curl gives up after a second, others
     // never do). The upstream request then goes without the header (body::upstream_request_filter).
@@ -297,7 +344,7 @@ async fn preread(session: &mut Session) -> Step<Bytes> {
             }
             joined.extend_from_slice(&chunk);
         }
-        if body.len().max(joined.len()) > PREREAD_MAX {
+        if body.len().max(joined.len()) > declared {
             break;
         }
     }
@@ -306,38 +353,77 @@ async fn preread(session: &mut Session) -> Step<Bytes> {
     } else {
         joined.freeze()
     };
-    if session.retry_buffer_truncated() || body.len() > PREREAD_MAX {
-        let msg = "body longer than its Content-Length";
+    if session.retry_buffer_truncated() || body.len() > declared {
+        let msg = if chunked {
+            format!("request body exceeds {declared} bytes")
+        } else {
+            "body longer than its Content-Length".to_string()
+        };
         return Ok(Err(Refusal::request_error(
             413,
             "body_too_large",
             Reason::BodyTooLarge,
-            msg,
+            &msg,
         )));
     }
     Ok(Ok(body))
 }
 
-/// The policy decision against the latest published state.
+/// The policy decision against the latest published state, on the pools of the request's
+/// model, and the pool it goes to.
 fn decide(
     app: &ProxyState,
     ctx: &mut Ctx,
-    state: &sluice_policy::PolicyState,
+    snap: &Snapshot,
+    route: Route,
     rules: &sluice_policy::tenant_policy::PolicyRules,
     tier: Tier,
     shapeable: bool,
 ) {
-    let fallback = app
-        .pools
+    let routes = &snap.routes;
+    let state = snap.domain(route.domain);
+    let model = ctx.facts.as_ref().and_then(|f| f.model.as_deref());
+    let usable = |pool: usize, model: Option<&str>| {
+        app.pools
+            .get(pool)
+            .is_some_and(|h| app.pools.any_usable_for(h, routes, model))
+    };
+    // The first fallback model this request may move to that a pool with a usable backend
+    // serves, and that pool.
+    let cfg = app.config.load();
+    let fallback = cfg
         .fallbacks
         .iter()
-        .position(|h| app.pools.any_usable(h));
+        .filter(|f| f.applies_to(model))
+        .find_map(|f| {
+            let r = routes.route(Some(&f.model))?;
+            let pool = [Some(r.primary), r.spot]
+                .into_iter()
+                .flatten()
+                .find(|&p| usable(p, Some(&f.model)))?;
+            Some((f.model.as_str(), pool))
+        });
+    let in_domain = |p: usize| {
+        if p == route.primary {
+            Some(Pool::OnDemand)
+        } else if Some(p) == route.spot {
+            Some(Pool::Spot)
+        } else {
+            None
+        }
+    };
+    // A fallback pool outside the request's domain is other capacity only while it is not
+    // short itself (inside the domain the policy checks that).
+    let saturated_elsewhere = fallback.is_some_and(|(_, p)| {
+        in_domain(p).is_none() && snap.fleet.pools.get(p).is_some_and(|s| s.control.saturated)
+    });
+    let work = |p: Option<usize>| p.map_or(0.0, |p| app.hub.inflight_work_on(p));
     let facts = RequestFacts {
         tier,
         shapeable,
-        fallback_available: fallback.is_some(),
-        spot_healthy: app.pools.any_usable(&app.pools.spot),
-        fallback_pool: fallback.and_then(|i| app.pools.fallbacks[i].runs_on),
+        fallback_available: fallback.is_some() && !saturated_elsewhere,
+        spot_healthy: route.spot.is_some_and(|s| usable(s, model)),
+        fallback_pool: fallback.and_then(|(_, p)| in_domain(p)),
         ticket: sluice_policy::adaptive::ticket_of(&ctx.request_id),
         prompt_tokens: ctx.prompt_tokens,
         max_tokens: ctx
@@ -345,7 +431,7 @@ fn decide(
             .as_ref()
             .and_then(|f| f.max_tokens)
             .and_then(|m| u64::try_from(m).ok()),
-        inflight_work: app.hub.inflight_work(),
+        inflight_work: [work(Some(route.primary)), work(route.spot)],
     };
     let decision = sluice_policy::decide(state, rules, &facts);
     ctx.inputs = Some(sluice_record::PolicyInputs::capture(
@@ -355,15 +441,31 @@ fn decide(
         &decision,
         app.hub.clock(),
     ));
+    let (pool, route_reason) = match (decision.pool, fallback) {
+        (Pool::Spot, _) => (route.spot.unwrap_or(route.primary), decision.route_reason),
+        (Pool::Fallback, Some((_, p))) => (p, decision.route_reason),
+        (_, _) if route.spot.is_none() && decision.route_reason == Reason::RouteSpotUnhealthy => {
+            (route.primary, Reason::RouteNoSpotPool)
+        }
+        _ => (route.primary, decision.route_reason),
+    };
     ctx.label = Some(verdict_of(&decision.action));
     ctx.reason = Some(decision.reason);
-    ctx.pool = Some(decision.pool);
-    ctx.route_reason = Some(decision.route_reason);
+    ctx.pool = Some(pool);
+    ctx.route_reason = Some(route_reason);
     ctx.cap = decision.action.max_tokens_cap();
-    if matches!(decision.action, Action::Fallback { .. }) {
-        ctx.fallback_index = fallback;
-        ctx.fallback_model = fallback.and_then(|i| app.pools.fallbacks[i].model.clone());
+    if let (Action::Fallback { .. }, Some((m, p))) = (&decision.action, fallback) {
+        ctx.fallback_model = Some(m.to_string());
+        ctx.fallback_pool = Some(p);
     }
+    // vLLM orders its queue by `priority` only on pools that ask for it; elsewhere a client's
+    // own is removed, so nobody buys a place in a queue that honours it.
+    let vllm_priority = app.pools.get(pool).is_some_and(|h| h.vllm_priority);
+    ctx.priority = match (shapeable, vllm_priority) {
+        (true, true) => Priority::Set(tier.index() as i64),
+        (true, false) if ctx.facts.as_ref().is_some_and(|f| f.has_priority) => Priority::Strip,
+        _ => Priority::Keep,
+    };
     ctx.decision = Some(decision);
 }
 
@@ -414,14 +516,19 @@ fn shape(
     shapeable: bool,
     declared: Option<usize>,
 ) -> std::result::Result<(), Refusal> {
-    let needs_rewrite = ctx.cap.is_some() || ctx.fallback_model.is_some();
+    let rewrite = Rewrite {
+        cap: ctx.cap,
+        model: ctx.fallback_model.as_deref(),
+        priority: ctx.priority,
+    };
+    let needs_rewrite = rewrite.any(ctx.facts.as_ref());
     match raw {
         // Nothing to change: the facts read at pre-read say all there is (no second parse).
         Some(_) if !needs_rewrite && ctx.facts.is_none() => {
             ctx.reason = Some(Reason::BodyNotJsonForwarded)
         }
         Some(_) if !needs_rewrite => {}
-        Some(raw) => match shaping::shape(&raw, ctx.cap, ctx.fallback_model.as_deref()) {
+        Some(raw) => match shaping::shape(&raw, &rewrite) {
             Shaped::Unchanged(_) => {}
             Shaped::Rewritten {
                 body,
@@ -457,6 +564,7 @@ fn shape(
 /// wait at once: dropping the admit future leaves the queue, and its slot, if any, goes on.
 async fn take_slot(
     app: &ProxyState,
+    session: &mut Session,
     ctx: &mut Ctx,
     tier: Tier,
     capacity: u32,
@@ -486,10 +594,21 @@ async fn take_slot(
         Poll::Ready(a) => a,
         Poll::Pending => {
             let mut draining = app.lifecycle.subscribe();
+            let waited = std::time::Instant::now();
+            // A client that leaves while its request waits takes it out of the queue: sent
+            // later, it would hold a backend for an answer nobody reads.
+            let body_done = session.is_body_done();
+            let gone = async {
+                if !body_done {
+                    return std::future::pending().await;
+                }
+                let _ = session.downstream_session.read_body_or_idle(true).await;
+            };
             tokio::select! {
                 biased;
                 a = &mut admit => a,
                 _ = draining.wait_for(|d| *d) => Admission::Refused { reason: Reason::Draining, queued_for: None },
+                _ = gone => Admission::Refused { reason: Reason::ClientGone, queued_for: Some(waited.elapsed()) },
             }
         }
     };
@@ -532,6 +651,21 @@ async fn take_slot(
                 ..Refusal::new(503, Reason::Draining, body)
             })
         }
+        Admission::Refused {
+            reason: Reason::ClientGone,
+            queued_for,
+        } => {
+            ctx.queued_for = queued_for;
+            ctx.error = Some(sluice_record::Failure::ClientGone);
+            ctx.closing = true;
+            let msg = "the client went away while the request waited";
+            let body = error_body("sluice_request", "client_gone", Reason::ClientGone, msg);
+            // nginx's "client closed request": nobody reads it.
+            Err(Refusal {
+                label: Verdict::Queue,
+                ..Refusal::new(499, Reason::ClientGone, body)
+            })
+        }
         Admission::Refused { reason, queued_for } => {
             ctx.queued_for = queued_for;
             if let Some(q) = queued_for {
@@ -550,6 +684,12 @@ async fn refuse(session: &mut Session, ctx: &mut Ctx, r: Refusal) -> Result<()> 
     ctx.label = Some(r.label);
     ctx.reason = Some(r.reason);
     ctx.pool = None;
+    ctx.route_reason = None;
+    if ctx.error == Some(sluice_record::Failure::ClientGone) {
+        ctx.status = r.status;
+        session.set_keepalive(None);
+        return Ok(());
+    }
     let extra: Vec<(&str, String)> = r
         .retry_after_s
         .map(|s| ("retry-after", s.to_string()))

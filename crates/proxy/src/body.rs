@@ -53,7 +53,12 @@ pub fn request_body_filter(
                 return Ok(());
             }
             let raw = std::mem::take(&mut ctx.buffer).freeze();
-            *body = match shaping::shape(&raw, ctx.cap, ctx.fallback_model.as_deref()) {
+            let rewrite = shaping::Rewrite {
+                cap: ctx.cap,
+                model: ctx.fallback_model.as_deref(),
+                priority: ctx.priority,
+            };
+            *body = match shaping::shape(&raw, &rewrite) {
                 Shaped::Unchanged(facts) => {
                     ctx.facts = Some(facts);
                     Some(raw)

@@ -1,10 +1,10 @@
 //! Per-request state carried through the Pingora phases. Dropping it (after `logging`) releases
 //! the admission slot, so capacity is held until the last response byte or the client's exit.
 
-use crate::shaping::BodyFacts;
+use crate::shaping::{BodyFacts, Priority};
 use bytes::{Bytes, BytesMut};
 use sluice_config::tenancy::Identity;
-use sluice_policy::{Decision, Pool, Reason};
+use sluice_policy::{Decision, Reason};
 use sluice_record::{Failure, Verdict};
 use sluice_runtime::admission::Slot;
 use std::time::{Duration, Instant};
@@ -15,7 +15,8 @@ pub enum BodyMode {
     /// Forwarded as received (non-shapeable, or no rewrite needed).
     #[default]
     Passthrough,
-    /// Read whole in `request_filter` (≤ 64 KiB); `new_body` replaces it when rewritten.
+    /// Read whole in `request_filter` (up to `limits.max_body_bytes`, to route by its model);
+    /// `new_body` replaces it when rewritten.
     Preread,
     /// Too large to pre-read but needs a rewrite: buffered in `request_body_filter`, rewritten
     /// at end of stream and sent chunked.
@@ -42,12 +43,23 @@ pub struct Ctx {
     pub body_seen: usize,
     pub cap: Option<u32>,
     pub fallback_model: Option<String>,
-    pub fallback_index: Option<usize>,
+    /// The pool serving the fallback model, when the decision moved the request there.
+    pub fallback_pool: Option<usize>,
+    /// What to do with the body's `priority` (the pool's `vllm_priority`).
+    pub priority: Priority,
     pub facts: Option<BodyFacts>,
     pub applied_max_tokens: Option<i64>,
-    pub pool: Option<Pool>,
+    /// The sample the request was decided on, with the routing table it was decided for.
+    pub snapshot: Option<std::sync::Arc<sluice_runtime::signals::hub::Snapshot>>,
+    /// The request's model's pools.
+    pub route: Option<sluice_runtime::fleet::Route>,
+    /// The pool the request goes to (index in the fleet) and its name.
+    pub pool: Option<usize>,
+    pub pool_label: Option<&'static str>,
     pub route_reason: Option<Reason>,
     pub backend: Option<std::sync::Arc<str>>,
+    /// Counts the request in its backend's load until the context ends.
+    pub lease: Option<sluice_runtime::fleet::Lease>,
     pub failed_backend: Option<String>,
     pub connect_retries: u8,
     pub overhead: Option<Duration>,

@@ -110,7 +110,10 @@ pub async fn fail_to_proxy(
         },
     };
     if matches!(kind, Failure::UpstreamError | Failure::UpstreamTimeout) {
-        let pool = ctx.pool.map_or("unknown", |p| p.as_str());
+        let pool = ctx
+            .pool
+            .and_then(|i| app.pools.get(i))
+            .map_or("unknown", |h| h.label);
         app.metrics
             .upstream_errors
             .with_label_values(&[pool, kind.as_str()])
@@ -261,7 +264,11 @@ pub fn logging(app: &ProxyState, session: &mut Session, e: Option<&Error>, ctx: 
             .as_ref()
             .map_or("", |d| d.state.as_str())
             .into(),
-        pool: ctx.pool.filter(|_| proxied).map(|p| p.as_str().into()),
+        pool: ctx
+            .pool
+            .filter(|_| proxied)
+            .and_then(|i| app.pools.get(i))
+            .map(|h| h.label.into()),
         route_reason: ctx
             .route_reason
             .filter(|_| proxied)
@@ -362,24 +369,16 @@ fn is_exception(record: &DecisionRecord) -> bool {
         || record.sla_violated == Some(true)
 }
 
-/// The adaptive controller that judges this request: the decision's pool, a fallback's being
-/// the pool whose backend runs it (none when the fallback has backends of its own).
-pub(super) fn controller_pool(app: &ProxyState, ctx: &Ctx) -> Option<usize> {
-    let d = ctx.decision.as_ref()?;
-    let pool = match d.pool {
-        sluice_policy::Pool::Fallback => ctx
-            .fallback_index
-            .and_then(|i| app.pools.fallbacks.get(i))
-            .and_then(|h| h.runs_on)?,
-        p => p,
-    };
-    pool.signal_index()
+/// The adaptive controller that judges this request: its pool's (a fallback's is the pool
+/// serving the fallback model).
+pub(super) fn controller_pool(ctx: &Ctx) -> Option<usize> {
+    ctx.decision.as_ref().and(ctx.pool)
 }
 
 /// The end of a proxied request for the adaptive controller (its arrival was reported when it
 /// was decided): the latency when served, a missed target when the backend failed.
 fn feed_controller(app: &ProxyState, ctx: &Ctx, latency: std::time::Duration, proxied: bool) {
-    let (Some(d), Some(index)) = (ctx.decision.as_ref(), controller_pool(app, ctx)) else {
+    let (Some(d), Some(index)) = (ctx.decision.as_ref(), controller_pool(ctx)) else {
         return;
     };
     let failed = matches!(

@@ -65,8 +65,8 @@ pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
     for (name, value) in ctx.quota.iter().flat_map(|q| q.headers()) {
         resp.insert_header(name, value)?;
     }
-    if let (Some(pool), Some(_)) = (ctx.pool, &ctx.backend) {
-        resp.insert_header_static("x-sluice-pool", fixed(pool.as_str()));
+    if let (Some(pool), Some(_)) = (ctx.pool_label, &ctx.backend) {
+        resp.insert_header_static("x-sluice-pool", fixed(pool));
     }
     if let Some(q) = ctx.queued_for {
         let wait = HeaderValue::from_str(&format!("{:.1}", q.as_secs_f64() * 1000.0))

@@ -1,8 +1,13 @@
-//! Request shaping: the only two body fields Sluice ever changes, `max_tokens` (with
-//! `max_completion_tokens`) and `model`. Pure functions over bytes; an unmodified body is never
-//! re-serialised, so it reaches vLLM byte for byte.
+//! Request shaping: the body fields Sluice changes, `max_tokens` (with `max_completion_tokens`)
+//! and `model`, and, for a pool that asks for it, vLLM's `priority`. Pure functions over bytes;
+//! an unmodified body is never re-serialised, so it reaches vLLM byte for byte.
 
 use serde_json::{Map, Value};
+use std::hash::Hasher;
+
+/// How much of a prompt's head keys its replica (prefix affinity): a few thousand characters
+/// hold a shared system prompt's start or a conversation's first turns.
+pub const PREFIX_BYTES: usize = 2048;
 
 /// Only POST/PUT/PATCH to the completions endpoints are eligible for shaping.
 pub fn is_shapeable(method: &str, path: &str) -> bool {
@@ -13,12 +18,125 @@ pub fn is_shapeable(method: &str, path: &str) -> bool {
         )
 }
 
-/// What the ledger and the timeouts need from a completions body.
+/// What routing, the ledger and the timeouts need from a completions body.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BodyFacts {
     pub model: Option<String>,
     pub max_tokens: Option<i64>,
     pub stream: bool,
+    /// The body carries a `priority` field (a client's own is never trusted).
+    pub has_priority: bool,
+    /// A hash of the prompt's first [`PREFIX_BYTES`] (the messages' roles and text, or the
+    /// prompt), when it has any.
+    pub prefix: Option<u64>,
+}
+
+/// What to do with the body's `priority` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// Leave it as the client sent it (or did not).
+    #[default]
+    Keep,
+    /// Write this value (the tier's).
+    Set(i64),
+    /// Remove a client's own.
+    Strip,
+}
+
+/// The rewrites a decision asks of a body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rewrite<'a> {
+    pub cap: Option<u32>,
+    pub model: Option<&'a str>,
+    pub priority: Priority,
+}
+
+impl Rewrite<'_> {
+    /// Whether the body may need a change (read it whole to find out).
+    pub fn any(&self, facts: Option<&BodyFacts>) -> bool {
+        self.cap.is_some()
+            || self.model.is_some()
+            || match self.priority {
+                Priority::Keep => false,
+                Priority::Set(_) => true,
+                Priority::Strip => facts.is_none_or(|f| f.has_priority),
+            }
+    }
+}
+
+/// Hashes the head of a prompt, piece by piece, up to [`PREFIX_BYTES`].
+#[derive(Default)]
+struct PrefixHash {
+    hasher: std::hash::DefaultHasher,
+    fed: usize,
+}
+
+impl PrefixHash {
+    fn feed(&mut self, piece: &str) {
+        let room = PREFIX_BYTES.saturating_sub(self.fed);
+        let take = &piece.as_bytes()[..piece.len().min(room)];
+        if !take.is_empty() {
+            self.hasher.write(take);
+            self.fed += take.len();
+        }
+    }
+
+    /// Between a message's role and its text, and after each message, so that "ab" + "c" and
+    /// "a" + "bc" differ.
+    fn mark(&mut self, byte: u8) {
+        if self.fed < PREFIX_BYTES {
+            self.hasher.write_u8(byte);
+        }
+    }
+
+    fn finish(self) -> Option<u64> {
+        (self.fed > 0).then(|| self.hasher.finish())
+    }
+}
+
+/// The prompt head's hash from a parsed body (the same as the streaming reader's).
+fn prefix_of(obj: &Map<String, Value>) -> Option<u64> {
+    let mut h = PrefixHash::default();
+    for (key, v) in obj {
+        match (key.as_str(), v) {
+            ("messages", Value::Array(messages)) => {
+                for m in messages {
+                    let Value::Object(m) = m else { continue };
+                    for (k, v) in m {
+                        match (k.as_str(), v) {
+                            ("role", r) => {
+                                if let Value::String(r) = r {
+                                    h.feed(r);
+                                }
+                                h.mark(0);
+                            }
+                            ("content", Value::String(c)) => h.feed(c),
+                            ("content", Value::Array(parts)) => {
+                                for p in parts {
+                                    if let Some(Value::String(t)) = p.get("text") {
+                                        h.feed(t);
+                                    }
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    h.mark(1);
+                }
+            }
+            ("prompt", Value::String(p)) => h.feed(p),
+            ("prompt", Value::Array(ps)) => {
+                for p in ps {
+                    if let Value::String(p) = p {
+                        h.feed(p);
+                        h.mark(1);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    h.finish()
 }
 
 #[derive(Debug, PartialEq)]
@@ -35,19 +153,31 @@ pub enum Shaped {
     NotJson,
 }
 
-/// Applies a `max_tokens` cap and/or a model rewrite.
-pub fn shape(body: &[u8], cap: Option<u32>, model: Option<&str>) -> Shaped {
+/// Applies a `max_tokens` cap, a model rewrite and the `priority` rule.
+pub fn shape(body: &[u8], rewrite: &Rewrite<'_>) -> Shaped {
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
         return Shaped::NotJson;
     };
     let facts = facts_of(&obj);
     let mut changed = false;
-    if let Some(cap) = cap {
+    if let Some(cap) = rewrite.cap {
         changed |= apply_max_tokens(&mut obj, "max_tokens", cap, true);
         changed |= apply_max_tokens(&mut obj, "max_completion_tokens", cap, false);
     }
-    if let Some(m) = model {
+    if let Some(m) = rewrite.model {
         changed |= apply_model(&mut obj, m);
+    }
+    match rewrite.priority {
+        Priority::Keep => {}
+        Priority::Set(p) => {
+            if obj.get("priority").and_then(Value::as_i64) != Some(p)
+                || obj.get("priority").is_some_and(|v| !v.is_i64())
+            {
+                obj.insert("priority".into(), Value::from(p));
+                changed = true;
+            }
+        }
+        Priority::Strip => changed |= obj.shift_remove("priority").is_some(),
     }
     if !changed {
         return Shaped::Unchanged(facts);
@@ -71,6 +201,8 @@ pub fn facts_of(obj: &Map<String, Value>) -> BodyFacts {
             .or_else(|| obj.get("max_tokens"))
             .and_then(Value::as_i64),
         stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        has_priority: obj.contains_key("priority"),
+        prefix: prefix_of(obj),
     }
 }
 
@@ -102,8 +234,16 @@ impl<'de> serde::de::Visitor<'de> for FactsVisitor {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FactsOnly, A::Error> {
         let (mut model, mut max_tokens, mut max_completion_tokens, mut stream) =
             (None, None, None, None);
+        let mut has_priority = false;
+        let mut prefix = PrefixHash::default();
         while let Some(key) = map.next_key::<Key>()? {
             match key {
+                Key::Priority => {
+                    has_priority = true;
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+                Key::Messages => map.next_value_seed(Messages(&mut prefix))?,
+                Key::Prompt => map.next_value_seed(Prompt(&mut prefix))?,
                 Key::Model => model = Some(map.next_value::<Value>()?),
                 Key::MaxTokens => max_tokens = Some(map.next_value::<Value>()?),
                 Key::MaxCompletionTokens => {
@@ -126,7 +266,235 @@ impl<'de> serde::de::Visitor<'de> for FactsVisitor {
                 .as_ref()
                 .and_then(Value::as_i64),
             stream: stream.as_ref().and_then(Value::as_bool).unwrap_or(false),
+            has_priority,
+            prefix: prefix.finish(),
         }))
+    }
+}
+
+/// `messages`, fed to the prefix hash as it is read (roles and text, nothing built).
+struct Messages<'h>(&'h mut PrefixHash);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Messages<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Messages<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("messages")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Message(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {}
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// One message: its role and text parts in document order, read in place.
+struct Message<'h>(&'h mut PrefixHash);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Message<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Message<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a message")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "role" => {
+                    map.next_value_seed(Text(&mut *self.0))?;
+                    self.0.mark(0);
+                }
+                "content" => map.next_value_seed(Text(&mut *self.0))?,
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        self.0.mark(1);
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// A role or a content: a string is fed, a list of parts feeds each part's `text`.
+struct Text<'h>(&'h mut PrefixHash);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Text<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Text<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("text")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.0.feed(v);
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Part(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {}
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// One content part: only its `text` counts (the last one, as a parsed object keeps).
+struct Part<'h>(&'h mut PrefixHash);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Part<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Part<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a content part")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut text: Option<std::borrow::Cow<'de, str>> = None;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if key == "text" {
+                match map.next_value::<serde_json::Value>()? {
+                    Value::String(t) => text = Some(t.into()),
+                    _ => text = None,
+                }
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        if let Some(t) = text {
+            self.0.feed(&t);
+        }
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// `prompt` (completions): a string or a list of strings.
+struct Prompt<'h>(&'h mut PrefixHash);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Prompt<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        match <serde_json::Value as serde::Deserialize>::deserialize(d)? {
+            Value::String(p) => self.0.feed(&p),
+            Value::Array(ps) => {
+                for p in ps {
+                    if let Value::String(p) = p {
+                        self.0.feed(&p);
+                        self.0.mark(1);
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
     }
 }
 
@@ -137,6 +505,9 @@ enum Key {
     MaxTokens,
     MaxCompletionTokens,
     Stream,
+    Priority,
+    Messages,
+    Prompt,
     Other,
 }
 
@@ -154,6 +525,9 @@ impl<'de> serde::Deserialize<'de> for Key {
                     "max_tokens" => Key::MaxTokens,
                     "max_completion_tokens" => Key::MaxCompletionTokens,
                     "stream" => Key::Stream,
+                    "priority" => Key::Priority,
+                    "messages" => Key::Messages,
+                    "prompt" => Key::Prompt,
                     _ => Key::Other,
                 })
             }
@@ -202,6 +576,8 @@ mod tests {
     fn facts_match_the_parsed_object() {
         let bodies = [
             r#"{"model":"m","messages":[{"role":"user","content":"hi \"x\""}],"max_tokens":5}"#,
+            r#"{"messages":[{"content":[{"type":"text","text":"a"},{"type":"image_url"},"x"],"role":5},"str",{"role":"tool"}],"priority":3}"#,
+            r#"{"prompt":["a","b",7],"messages":{"not":"a list"}}"#,
             r#"{"model":"a","model":"b","max_tokens":1,"max_tokens":2,"stream":true}"#,
             r#"{"max_completion_tokens":null,"max_tokens":7}"#,
             r#"{"max_completion_tokens":9,"max_tokens":7,"stream":"yes"}"#,
@@ -222,7 +598,12 @@ mod tests {
     }
 
     fn rewritten(body: &str, cap: Option<u32>, model: Option<&str>) -> Value {
-        match shape(body.as_bytes(), cap, model) {
+        let rw = Rewrite {
+            cap,
+            model,
+            ..Rewrite::default()
+        };
+        match shape(body.as_bytes(), &rw) {
             Shaped::Rewritten { body, .. } => serde_json::from_slice(&body).unwrap(),
             other => panic!("expected a rewrite, got {other:?}"),
         }
@@ -260,8 +641,12 @@ mod tests {
             "above → cap"
         );
         let below = r#"{"model":"m", "max_tokens": 100}"#;
+        let cap = Rewrite {
+            cap: Some(256),
+            ..Rewrite::default()
+        };
         assert_eq!(
-            shape(below.as_bytes(), Some(256), None),
+            shape(below.as_bytes(), &cap),
             Shaped::Unchanged(facts(below.as_bytes()).unwrap())
         );
     }
@@ -289,7 +674,13 @@ mod tests {
         let body = r#"{"model":"big","messages":[{"role":"user","content":"hi"}],"temperature":0.7,"stream":true}"#;
         let Shaped::Rewritten {
             body: out, facts, ..
-        } = shape(body.as_bytes(), None, Some("small"))
+        } = shape(
+            body.as_bytes(),
+            &Rewrite {
+                model: Some("small"),
+                ..Rewrite::default()
+            },
+        )
         else {
             panic!()
         };
@@ -307,7 +698,77 @@ mod tests {
 
     #[test]
     fn not_json_is_reported_not_guessed() {
-        assert_eq!(shape(b"{not json", Some(10), None), Shaped::NotJson);
-        assert_eq!(shape(b"[1,2]", Some(10), None), Shaped::NotJson);
+        let cap = Rewrite {
+            cap: Some(10),
+            ..Rewrite::default()
+        };
+        assert_eq!(shape(b"{not json", &cap), Shaped::NotJson);
+        assert_eq!(shape(b"[1,2]", &cap), Shaped::NotJson);
+    }
+
+    #[test]
+    fn priority_is_written_replaced_or_stripped_never_trusted() {
+        let set = |p| Rewrite {
+            priority: Priority::Set(p),
+            ..Rewrite::default()
+        };
+        let v = rewritten_with(r#"{"model":"m"}"#, &set(0));
+        assert_eq!(v["priority"], 0);
+        let v = rewritten_with(r#"{"model":"m","priority":-100}"#, &set(2));
+        assert_eq!(v["priority"], 2, "a client's own priority is replaced");
+        let same = r#"{"model":"m","priority":1}"#;
+        assert!(matches!(
+            shape(same.as_bytes(), &set(1)),
+            Shaped::Unchanged(_)
+        ));
+        let strip = Rewrite {
+            priority: Priority::Strip,
+            ..Rewrite::default()
+        };
+        let v = rewritten_with(r#"{"model":"m","priority":-100}"#, &strip);
+        assert!(v.get("priority").is_none());
+        assert!(matches!(
+            shape(br#"{"model":"m"}"#, &strip),
+            Shaped::Unchanged(_)
+        ));
+        assert!(facts(same.as_bytes()).unwrap().has_priority);
+        assert!(!strip.any(facts(br#"{"model":"m"}"#).as_ref()));
+        assert!(strip.any(facts(same.as_bytes()).as_ref()));
+    }
+
+    fn rewritten_with(body: &str, rw: &Rewrite<'_>) -> Value {
+        match shape(body.as_bytes(), rw) {
+            Shaped::Rewritten { body, .. } => serde_json::from_slice(&body).unwrap(),
+            other => panic!("expected a rewrite, got {other:?}"),
+        }
+    }
+
+    /// Prompts that share their first bytes share a key; the key ignores what follows them.
+    #[test]
+    fn prompt_heads_key_their_replica() {
+        let system = "You are a support agent. ".repeat(200);
+        let chat = |user: &str| {
+            serde_json::json!({"model": "m", "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": user}]})
+            .to_string()
+        };
+        let a = facts(chat("first question").as_bytes()).unwrap().prefix;
+        let b = facts(chat("another one").as_bytes()).unwrap().prefix;
+        assert!(a.is_some());
+        assert_eq!(a, b, "the shared system prompt fills the head");
+        let short = |user: &str| {
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": user}]})
+                .to_string()
+        };
+        let c = facts(short("hello").as_bytes()).unwrap().prefix;
+        let d = facts(short("goodbye").as_bytes()).unwrap().prefix;
+        assert_ne!(c, d);
+        // Parts and plain strings hash alike, and the prompt of a completion counts.
+        let parts = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"hello"}]}]}"#;
+        assert_eq!(facts(parts.as_bytes()).unwrap().prefix, c);
+        let prompt = facts(br#"{"prompt":"hello"}"#).unwrap().prefix;
+        assert!(prompt.is_some());
+        assert_eq!(facts(br#"{"model":"m"}"#).unwrap().prefix, None);
     }
 }

@@ -6,8 +6,10 @@ use super::ctx::Ctx;
 use super::ProxyState;
 use pingora::prelude::*;
 use pingora::upstreams::peer::Peer;
-use sluice_policy::{Pool, Reason};
+use sluice_config::PoolClass;
+use sluice_policy::Reason;
 use sluice_record::Verdict;
+use sluice_runtime::pools::Want;
 use std::time::Duration;
 
 pub fn upstream_peer(
@@ -20,28 +22,49 @@ pub fn upstream_peer(
         ctx.overhead = Some(spent.saturating_sub(ctx.queued_for.unwrap_or_default()));
     }
     let pools = &app.pools;
-    let mut pool = ctx.pool.unwrap_or(Pool::OnDemand);
-    let handle = match pool {
-        Pool::Fallback => ctx.fallback_index.and_then(|i| pools.fallbacks.get(i)),
-        p => pools.handle(p),
+    let mut index = ctx.pool.unwrap_or(0);
+    let model = ctx
+        .fallback_model
+        .as_deref()
+        .or_else(|| ctx.facts.as_ref().and_then(|f| f.model.as_deref()));
+    let routes = ctx.snapshot.as_ref().map(|s| &s.routes);
+    let pick = |index: usize, exclude: Option<&str>| {
+        let h = pools.get(index)?;
+        let models = routes
+            .and_then(|r| r.pools.get(index))
+            .filter(|m| !m.uniform);
+        let serves = |b: &str| models.is_none_or(|m| m.serves(b, model));
+        let want = Want {
+            serves: models.map(|_| &serves as &dyn Fn(&str) -> bool),
+            prefix: ctx.facts.as_ref().and_then(|f| f.prefix),
+            exclude,
+        };
+        pools.select(h, want)
     };
     let exclude = ctx.failed_backend.as_deref();
-    let mut picked = handle.and_then(|h| pools.select(h, exclude));
+    let mut picked = pick(index, exclude);
     // Spot emptied between the decision and now: Best-Effort is evicted, not failed.
-    if picked.is_none() && pool == Pool::Spot {
-        pool = Pool::OnDemand;
-        ctx.route_reason = Some(Reason::RouteSpotUnhealthy);
-        picked = pools.select(&pools.on_demand, exclude);
+    let spot = pools.get(index).is_some_and(|h| h.class == PoolClass::Spot);
+    if let (None, true, Some(route)) = (&picked, spot, ctx.route) {
+        if route.primary != index {
+            index = route.primary;
+            ctx.route_reason = Some(Reason::RouteSpotUnhealthy);
+            picked = pick(index, exclude);
+        }
     }
     let Some((backend, info)) = picked else {
         ctx.reason = Some(Reason::BackendUnavailable);
         ctx.label = Some(Verdict::Error);
+        let name = pools.get(index).map_or("?", |h| h.name.as_str());
         return Error::e_explain(
             HTTPStatus(503),
-            format!("no healthy backend in pool {}", pool.as_str()),
+            format!("no healthy backend in pool {name}"),
         );
     };
-    ctx.pool = Some(pool);
+    ctx.pool = Some(index);
+    ctx.pool_label = pools.get(index).map(|h| h.label);
+    // A retry after a failed connect moves the request: the first backend's count goes back.
+    ctx.lease = Some(info.load.lease());
     ctx.backend = Some(info.name);
     let limits = &app.config.load().limits;
     let tls = info.tls;
@@ -73,7 +96,10 @@ pub fn fail_to_connect(
     ctx: &mut Ctx,
     mut e: Box<Error>,
 ) -> Box<Error> {
-    let pool = ctx.pool.map_or("unknown", Pool::as_str);
+    let pool = ctx
+        .pool
+        .and_then(|i| app.pools.get(i))
+        .map_or("unknown", |h| h.label);
     app.metrics
         .upstream_errors
         .with_label_values(&[pool, "connect"])

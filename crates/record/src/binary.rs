@@ -2,7 +2,7 @@
 //!
 //! PostgreSQL's cost of a ledger row grows with its bytes (heap, WAL and, on the bench machine,
 //! a host fault for every new page-cache page they fill), and the packed JSON inputs were ~45 %
-//! of a row (bench/RESULTS.md, "Overhead at 91823b7 and 62a51e8"). Here every struct is its
+//! of a row (measured when it landed; see this file's git history). Here every struct is its
 //! fields in declaration order, as in the packed JSON, but each enum is one byte (its position
 //! in [`Code::all`]), the booleans and the presence of optional fields share flag bytes,
 //! integers are LEB128 varints, and each float is a tag byte followed by nothing (`0.0`), a

@@ -5,7 +5,9 @@
 
 pub mod admission;
 pub mod alloc;
+pub mod backend_http;
 pub mod backend_tls;
+pub mod fleet;
 pub mod lifecycle;
 mod log_pages;
 pub mod log_writer;

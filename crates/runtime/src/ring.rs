@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 ///
 /// Sharded by worker thread: with one lock, every request's push had both workers take the
 /// same mutex and free records the other had allocated (mimalloc's cross-thread free), ~2.5 µs
-/// of proxy CPU a request at 16 connections (bench/RESULTS.md, "Overhead at e7527d6"). A worker now locks its own shard, which only it
+/// of proxy CPU a request at 16 connections (measured when it landed). A worker now locks its own shard, which only it
 /// writes, and evicts its own records; a global sequence keeps the order across shards.
 pub struct DecisionRing {
     cap: usize,

@@ -195,14 +195,24 @@ pub async fn start_sim(
     flags: &[String],
     log: Option<PathBuf>,
 ) -> Result<Proc, String> {
-    let addr = free_addr();
-    let mut cmd = Command::new(bin);
-    cmd.args(["sim", "--listen", &addr])
-        .args(flags)
-        .env("RUST_LOG", "warn");
-    let mut p = Proc::spawn(name, &mut cmd, addr, log)?;
-    p.wait_ok("/health", Duration::from_secs(15)).await?;
-    Ok(p)
+    // A port free when picked can be taken by another process's outgoing connection before
+    // the child binds it; the simulator then exits at once, so it is started again on a fresh
+    // port. A simulator that exits three times, or never answers, fails with its own reason.
+    let mut last = String::new();
+    for _ in 0..3 {
+        let addr = free_addr();
+        let mut cmd = Command::new(bin);
+        cmd.args(["sim", "--listen", &addr])
+            .args(flags)
+            .env("RUST_LOG", "warn");
+        let mut p = Proc::spawn(name, &mut cmd, addr, log.clone())?;
+        match p.wait_ok("/health", Duration::from_secs(15)).await {
+            Ok(()) => return Ok(p),
+            Err(e) if p.child.try_wait().ok().flatten().is_some() => last = e,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
 }
 
 /// Deep-merges `patch` into `base`: objects key by key, anything else replaced.

@@ -1,8 +1,8 @@
 //! The state-mirroring gauges of `/metrics`, refreshed before each scrape.
 
-use super::{dependencies, fallback_routing, POOLS, SIGNALS};
+use super::{active_fallback, dependencies, SIGNALS};
 use crate::state::OpsState;
-use sluice_policy::{PolicyMode, Pool, SignalKind, Tier};
+use sluice_policy::{PolicyMode, SignalKind, Tier};
 
 pub fn refresh_gauges(app: &OpsState) {
     let m = &app.metrics;
@@ -20,9 +20,10 @@ pub fn refresh_gauges(app: &OpsState) {
     m.log_dropped
         .inc_by(dropped.saturating_sub(m.log_dropped.get()));
     let now = app.hub.clock().now_ms();
-    let state = app.hub.state();
+    let snap = app.hub.state();
+    let state = snap.domain(0);
     let rules = app.hub.rules();
-    for (pool, name) in POOLS {
+    for (pool, name) in app.pools.all().map(|h| (h.index, h.label)) {
         for kind in SIGNALS {
             let r = app.hub.reading(pool, kind, now);
             m.signal_available
@@ -63,15 +64,18 @@ pub fn refresh_gauges(app: &OpsState) {
             .with_label_values(&[t.as_str()])
             .set(i64::from(rules.tier(t).inflight_capacity));
     }
-    m.fallback_active
-        .set(i64::from(fallback_routing(app, &state)));
+    m.fallback_active.set(i64::from(
+        state.fallback_active && active_fallback(app, &snap).is_some(),
+    ));
     m.spot_state.set(state.spot_state.level());
-    for (pool, c) in [Pool::OnDemand, Pool::Spot].into_iter().zip(&state.pools) {
-        m.admission_level
-            .with_label_values(&[pool.as_str()])
-            .set(c.level);
+    let controls = app
+        .pools
+        .all()
+        .filter_map(|h| Some((h.label, &snap.fleet.pools.get(h.index)?.control)));
+    for (pool, c) in controls {
+        m.admission_level.with_label_values(&[pool]).set(c.level);
         for t in Tier::ALL {
-            let labels = [pool.as_str(), t.as_str()];
+            let labels = [pool, t.as_str()];
             match c.headroom[t.index()] {
                 Some(h) => m.tier_headroom.with_label_values(&labels).set(h),
                 None => {
@@ -126,9 +130,14 @@ pub fn refresh_gauges(app: &OpsState) {
     }
     for h in app.pools.all() {
         for b in app.pools.status(h).backends {
+            let labels = [h.label, b.backend.as_str()];
             m.backend_healthy
-                .with_label_values(&[&h.name, &b.backend])
+                .with_label_values(&labels)
                 .set(i64::from(b.healthy));
+            m.backend_inflight
+                .with_label_values(&labels)
+                .set(i64::from(b.inflight));
+            m.backend_share.with_label_values(&labels).set(b.share);
         }
     }
 }

@@ -11,9 +11,9 @@ pub use view::Status;
 use serde::Serialize;
 use serde_json::json;
 use sluice_policy::tenant_policy::PolicyRules;
-use sluice_policy::{PolicyMode, PolicyState, Pool, SignalKind, Tier};
+use sluice_policy::{PolicyMode, SignalKind, Tier};
 use sluice_record::decision::RecentFilter;
-use sluice_runtime::signals::hub::SignalPool;
+use sluice_runtime::signals::hub::Snapshot;
 use view::{
     AdmissionControl, Fallback, Moved, PoolAdmission, PoolSignals, StepView, Telemetry,
     ThresholdsNotInForce, ThresholdsView, TierControl, TierMode, TierStatus,
@@ -32,7 +32,12 @@ pub struct Readiness {
 }
 
 pub fn readiness(ops: &OpsState) -> Readiness {
-    let healthy = ops.pools.healthy_count(&ops.pools.on_demand);
+    let healthy = ops
+        .pools
+        .all()
+        .filter(|h| h.class == sluice_config::PoolClass::OnDemand)
+        .map(|h| ops.pools.healthy_count(h))
+        .sum();
     let draining = ops.lifecycle.draining();
     let sampled = ops.hub.sampled();
     Readiness {
@@ -49,17 +54,18 @@ const SIGNALS: [SignalKind; 3] = [
     SignalKind::QueueDepth,
     SignalKind::SlaViolationRate,
 ];
-const POOLS: [(SignalPool, &str); 2] = [
-    (SignalPool::OnDemand, "on-demand"),
-    (SignalPool::Spot, "spot"),
-];
 
 pub fn status(app: &OpsState) -> Status {
     let now = app.hub.clock().now_ms();
-    let state = app.hub.state();
+    let snap = app.hub.state();
+    // Tier states and spot eviction as the first domain (the first on-demand and spot pools)
+    // sees them: what a two-pool fleet always showed.
+    let state = snap.domain(0);
     let rules = app.hub.rules();
-    let signals = POOLS
-        .into_iter()
+    let signals = app
+        .pools
+        .all()
+        .map(|h| (h.index, h.label))
         .map(|(pool, name)| {
             let readings = SIGNALS
                 .into_iter()
@@ -108,23 +114,24 @@ pub fn status(app: &OpsState) -> Status {
             }
         })
         .collect();
-    let fallback = app.pools.active_fallback();
+    let fallback = active_fallback(app, &snap);
     Status {
         replica: app.replica.to_string(),
         uptime_seconds: app.started.elapsed().as_secs(),
         coordinator: app.admission.kind(),
         policy_mode: rules.mode.as_str(),
-        policy_sampled_ms_ago: now.saturating_sub(state.at),
-        admission_control: admission_control(&state, &rules),
+        policy_sampled_ms_ago: now.saturating_sub(snap.fleet.at),
+        admission_control: admission_control(app, &snap, &rules),
+        routes: routes(app, &snap),
         signals,
         tiers,
         spot_state: state.spot_state.as_str(),
         spot_eviction: ThresholdsView::from(&rules.spot_eviction),
         fallback: Fallback {
-            active: fallback_routing(app, &state),
+            active: state.fallback_active && fallback.is_some(),
             sustained_pressure: state.fallback_active,
-            target: fallback.map(|h| h.name.clone()),
-            model: fallback.and_then(|h| h.model.clone()),
+            target: fallback.as_ref().map(|(_, pool)| pool.to_string()),
+            model: fallback.map(|(model, _)| model),
         },
         pools: app.pools.all().map(|h| app.pools.status(h)).collect(),
         admission: app.admission.health(),
@@ -141,10 +148,11 @@ pub fn status(app: &OpsState) -> Status {
     }
 }
 
-fn admission_control(state: &PolicyState, rules: &PolicyRules) -> AdmissionControl {
-    let pools = [Pool::OnDemand, Pool::Spot]
-        .into_iter()
-        .zip(&state.pools)
+fn admission_control(app: &OpsState, snap: &Snapshot, rules: &PolicyRules) -> AdmissionControl {
+    let pools = app
+        .pools
+        .all()
+        .filter_map(|h| Some((h.label, &snap.fleet.pools.get(h.index)?.control)))
         .map(|(pool, c)| {
             let steps = c
                 .steps
@@ -188,7 +196,7 @@ fn admission_control(state: &PolicyState, rules: &PolicyRules) -> AdmissionContr
                 work_limit_tokens: c.work_limit,
                 inflight_work_tokens: c.inflight_work,
             };
-            (pool.as_str(), view)
+            (pool, view)
         })
         .collect();
     AdmissionControl {
@@ -248,8 +256,38 @@ pub async fn recent(app: &OpsState, query: &str) -> serde_json::Value {
     json!({"source": "memory", "decisions": items})
 }
 
-/// Routing to the fallback needs both the sustained pressure and a usable target; the tracker
-/// alone says nothing when no fallback is configured or it is down.
-fn fallback_routing(app: &OpsState, state: &PolicyState) -> bool {
-    state.fallback_active && app.pools.active_fallback().is_some()
+/// The first fallback model a pool with a usable backend serves, and that pool's name.
+pub(super) fn active_fallback(app: &OpsState, snap: &Snapshot) -> Option<(String, &'static str)> {
+    let cfg = app.config.load();
+    cfg.fallbacks.iter().find_map(|f| {
+        let r = snap.routes.route(Some(&f.model))?;
+        let pool = [Some(r.primary), r.spot]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| app.pools.get(p))
+            .find(|h| app.pools.any_usable_for(h, &snap.routes, Some(&f.model)))?;
+        Some((f.model.clone(), pool.label))
+    })
+}
+
+/// Which pools serve which model, as requests are routed now.
+fn routes(app: &OpsState, snap: &Snapshot) -> view::Routes {
+    let name = |i: usize| app.pools.get(i).map_or("?", |h| h.label);
+    let models = snap
+        .routes
+        .models()
+        .filter_map(|m| {
+            let r = snap.routes.route(Some(m))?;
+            Some(view::ModelRoute {
+                model: m.to_string(),
+                pool: name(r.primary),
+                spot_pool: r.spot.map(name),
+            })
+        })
+        .collect();
+    view::Routes {
+        generation: snap.routes.generation,
+        complete: snap.routes.complete(),
+        models,
+    }
 }

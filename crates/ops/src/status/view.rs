@@ -19,6 +19,8 @@ pub struct Status {
     pub policy_mode: &'static str,
     pub policy_sampled_ms_ago: u64,
     pub admission_control: AdmissionControl,
+    /// Which pools serve which model.
+    pub routes: Routes,
     /// By pool name.
     pub signals: BTreeMap<&'static str, PoolSignals>,
     pub tiers: Vec<TierStatus>,
@@ -33,6 +35,24 @@ pub struct Status {
     pub telemetry: Telemetry,
     /// Each configured external dependency and whether it is up now.
     pub dependencies: BTreeMap<&'static str, bool>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Routes {
+    /// Bumped each time discovery changes what a pool serves.
+    pub generation: u64,
+    /// Every pool's models are known: a model none serves is answered 404 by Sluice.
+    pub complete: bool,
+    pub models: Vec<ModelRoute>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelRoute {
+    pub model: String,
+    /// The pool its on-demand traffic goes to (for a model only spot serves, that pool).
+    pub pool: &'static str,
+    /// The pool its Best-Effort traffic prefers.
+    pub spot_pool: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]

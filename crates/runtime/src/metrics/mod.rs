@@ -47,6 +47,8 @@ pub struct Metrics {
     pub queued: IntGaugeVec,
     pub capacity: IntGaugeVec,
     pub backend_healthy: IntGaugeVec,
+    pub backend_inflight: IntGaugeVec,
+    pub backend_share: GaugeVec,
     /// Coordinator events counted by the coordinator itself (fail-open admissions, reclaimed and
     /// lost leases), mirrored here when `/metrics` is rendered.
     pub coordinator_events: IntCounterVec,
@@ -146,6 +148,8 @@ impl Metrics {
             queued: igauge("sluice_queued_requests", "Requests waiting in a tier's queue.", &["tier"]),
             capacity: igauge("sluice_tier_capacity", "Configured in-flight capacity per tier (0 = unlimited).", &["tier"]),
             backend_healthy: igauge("sluice_backend_healthy", "1 when the backend is usable (passed a health check and is healthy).", &["pool", "backend"]),
+            backend_inflight: igauge("sluice_backend_inflight", "Requests Sluice has in flight on the backend now (what least-load and the prefix affinity's load bound count).", &["pool", "backend"]),
+            backend_share: gauge("sluice_backend_share", "The backend's share of its pool's requests since start (0-1).", &["pool", "backend"]),
             coordinator_events: counter("sluice_coordinator_events_total", "Admission coordinator events: fail_open (admitted while Redis was unreachable), reclaimed_lease (a dead replica's slot returned), lost_lease (a live replica's lease expired).", &["event"]),
             signal_available: igauge("sluice_signal_available", "1 when the pool's signal has a fresh value, 0 when unavailable (value absent).", &["pool", "signal"]),
             spot_state: single("sluice_spot_state", "Spot pool's own pressure against the eviction thresholds: 0 Normal, 2 Critical (Best-Effort evicted to on-demand)."),

@@ -2,9 +2,11 @@
 
 use super::health::PrometheusHealth;
 use super::vllm_text::Histogram;
+use crate::fleet::Routes;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use serde::Serialize;
-use sluice_policy::adaptive::{ladder, Outcome, PoolControl};
+use sluice_policy::adaptive::{ladder_with, Outcome};
+use sluice_policy::fleet::{FleetState, Layout};
 use sluice_policy::tenant_policy::PolicyRules;
 use sluice_policy::{
     Clock, Millis, PolicyEngine, PolicyState, Pool, PoolSignals, SignalKind, Tier,
@@ -12,27 +14,8 @@ use sluice_policy::{
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The index of a pool's signals: the on-demand pool drives tier states, spot drives eviction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum SignalPool {
-    #[serde(rename = "on-demand")]
-    OnDemand,
-    #[serde(rename = "spot")]
-    Spot,
-}
-
-impl SignalPool {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "on-demand" => Some(SignalPool::OnDemand),
-            "spot" => Some(SignalPool::Spot),
-            _ => None,
-        }
-    }
-    fn index(self) -> usize {
-        self as usize
-    }
-}
+/// A pool's index in the fleet (config order), as the policy and the routing table count.
+pub type PoolIndex = usize;
 
 /// One scrape of one backend.
 #[derive(Debug, Clone, Serialize)]
@@ -141,12 +124,35 @@ struct PoolCell {
     polled: Mutex<[Option<Polled>; 3]>,
 }
 
+/// What one sample published: the fleet's policy state and the routing table it was computed
+/// for (so a request's route and the domain it is judged on always agree).
+#[derive(Debug)]
+pub struct Snapshot {
+    pub fleet: FleetState,
+    pub routes: Arc<Routes>,
+}
+
+impl Snapshot {
+    /// The two-pool state a request routed by `route` is decided on.
+    pub fn domain(&self, domain: usize) -> &PolicyState {
+        self.fleet
+            .domains
+            .get(domain)
+            .or_else(|| self.fleet.domains.first())
+            .expect("a fleet has at least one domain")
+    }
+}
+
 pub struct SignalHub {
     clock: Clock,
     stale_after_ms: Millis,
-    pools: [PoolCell; 2],
+    /// Pool names, by index.
+    names: Vec<String>,
+    pools: Vec<PoolCell>,
     engine: Mutex<PolicyEngine>,
-    state: ArcSwap<PolicyState>,
+    state: ArcSwap<Snapshot>,
+    /// The routing table the next sample follows (model discovery replaces it).
+    routes: ArcSwap<Routes>,
     rules: ArcSwap<PolicyRules>,
     prometheus: ArcSwapOption<PrometheusHealth>,
     /// The `signals.source` the samplers were started with (a reload cannot change it).
@@ -172,9 +178,9 @@ struct Outstanding {
 
 /// One worker's share of the work in flight: estimated KV tokens by pool index, and its
 /// outstanding requests.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct WorkShard {
-    inflight: [std::sync::atomic::AtomicU64; 2],
+    inflight: Box<[std::sync::atomic::AtomicU64]>,
     outstanding: Mutex<Outstanding>,
 }
 
@@ -219,7 +225,15 @@ fn kind_index(kind: SignalKind) -> usize {
 }
 
 impl SignalHub {
-    pub fn new(clock: Clock, stale_after_ms: Millis, rules: PolicyRules) -> Self {
+    /// A hub for the fleet `routes` describes (pool names by index).
+    pub fn new(
+        clock: Clock,
+        stale_after_ms: Millis,
+        rules: PolicyRules,
+        names: Vec<String>,
+        routes: Arc<Routes>,
+    ) -> Self {
+        let n = names.len();
         let cell = || PoolCell {
             scraped: ArcSwap::from_pointee(None),
             overrides: Mutex::new(Overrides::default()),
@@ -228,17 +242,19 @@ impl SignalHub {
         };
         // The ladders are known from the rules alone: `/status` shows them before the first
         // sample instead of an empty list.
-        let initial = PolicyState {
-            pools: [Pool::OnDemand, Pool::Spot].map(|p| PoolControl::idle(ladder(&rules, p))),
-            ..PolicyState::initial()
+        let initial = Snapshot {
+            fleet: initial_state(&rules, &routes.layout),
+            routes: Arc::clone(&routes),
         };
         Self {
             clock,
             stale_after_ms,
-            pools: [cell(), cell()],
+            names,
+            pools: (0..n).map(|_| cell()).collect(),
             rules: ArcSwap::from_pointee(rules.clone()),
-            engine: Mutex::new(PolicyEngine::new(rules)),
+            engine: Mutex::new(PolicyEngine::with_layout(rules, routes.layout.clone())),
             state: ArcSwap::from_pointee(initial),
+            routes: ArcSwap::new(routes),
             prometheus: ArcSwapOption::empty(),
             source: OnceLock::new(),
             outcomes: {
@@ -247,10 +263,36 @@ impl SignalHub {
             },
             outcomes_dropped: Default::default(),
             work: (0..crate::worker_shard::COUNT)
-                .map(|_| Arc::default())
+                .map(|_| {
+                    Arc::new(WorkShard {
+                        inflight: (0..n).map(|_| Default::default()).collect(),
+                        outstanding: Default::default(),
+                    })
+                })
                 .collect(),
             sampled: Default::default(),
         }
+    }
+
+    /// A hub over the two-pool fleet (on-demand, spot), for tests and tools.
+    pub fn pair(clock: Clock, stale_after_ms: Millis, rules: PolicyRules) -> Self {
+        let routes = Routes::pair(rules.spot_is_on_demand);
+        let names = vec!["on-demand".to_string(), "spot".to_string()];
+        Self::new(clock, stale_after_ms, rules, names, Arc::new(routes))
+    }
+
+    /// Pool names, by index.
+    pub fn pool_names(&self) -> &[String] {
+        &self.names
+    }
+
+    pub fn pool_index(&self, name: &str) -> Option<PoolIndex> {
+        self.names.iter().position(|n| n == name)
+    }
+
+    /// The routing table the next sample follows.
+    pub fn set_routes(&self, routes: Arc<Routes>) {
+        self.routes.store(routes);
     }
 
     /// Whether the policy has had a sample: before it, every decision fails open.
@@ -262,8 +304,8 @@ impl SignalHub {
         self.clock
     }
 
-    /// The latest policy state; lock-free for the request path.
-    pub fn state(&self) -> Arc<PolicyState> {
+    /// The latest sample; lock-free for the request path.
+    pub fn state(&self) -> Arc<Snapshot> {
         self.state.load_full()
     }
 
@@ -281,15 +323,17 @@ impl SignalHub {
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn overrides(&self, pool: SignalPool) -> std::sync::MutexGuard<'_, Overrides> {
-        self.pools[pool.index()]
+    fn overrides(&self, pool: PoolIndex) -> std::sync::MutexGuard<'_, Overrides> {
+        self.pools[pool]
             .overrides
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn record_scrape(&self, pool: SignalPool, round: ScrapeRound) {
-        let cell = &self.pools[pool.index()].scraped;
+    pub fn record_scrape(&self, pool: PoolIndex, round: ScrapeRound) {
+        let Some(cell) = self.pools.get(pool).map(|p| &p.scraped) else {
+            return;
+        };
         let round = round.with_delays_since(cell.load().as_ref().as_ref());
         cell.store(Arc::new(Some(round)));
     }
@@ -336,40 +380,47 @@ impl SignalHub {
 
     /// The requests in flight at `now`, oldest first, by pool index: each with its age so far,
     /// as the controller hears them at every tick.
-    pub fn outstanding_at(&self, now: Millis) -> [Vec<Outcome>; 2] {
-        std::array::from_fn(|pool| {
-            // The oldest of each shard, then the oldest of those (by decision time; within one
-            // millisecond, shard by shard in the order each charged them).
-            let mut oldest: Vec<(Millis, usize, u64, Tier)> = Vec::new();
-            for (i, shard) in self.work.iter().enumerate() {
-                let o = shard.outstanding.lock().unwrap_or_else(|e| e.into_inner());
-                oldest.extend(
-                    o.requests
-                        .range((pool, 0, 0)..(pool + 1, 0, 0))
-                        .take(OUTSTANDING_REPORTED)
-                        .map(|(&(_, since, seq), &tier)| (since, i, seq, tier)),
-                );
-            }
-            oldest.sort_unstable_by_key(|&(since, i, seq, _)| (since, i, seq));
-            oldest
-                .into_iter()
-                .take(OUTSTANDING_REPORTED)
-                .map(|(since, _, _, tier)| {
-                    Outcome::pending(now, tier, now.saturating_sub(since) as f64)
-                })
-                .collect()
-        })
+    pub fn outstanding_at(&self, now: Millis) -> Vec<Vec<Outcome>> {
+        (0..self.pools.len())
+            .map(|pool| {
+                // The oldest of each shard, then the oldest of those (by decision time; within one
+                // millisecond, shard by shard in the order each charged them).
+                let mut oldest: Vec<(Millis, usize, u64, Tier)> = Vec::new();
+                for (i, shard) in self.work.iter().enumerate() {
+                    let o = shard.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+                    oldest.extend(
+                        o.requests
+                            .range((pool, 0, 0)..(pool + 1, 0, 0))
+                            .take(OUTSTANDING_REPORTED)
+                            .map(|(&(_, since, seq), &tier)| (since, i, seq, tier)),
+                    );
+                }
+                oldest.sort_unstable_by_key(|&(since, i, seq, _)| (since, i, seq));
+                oldest
+                    .into_iter()
+                    .take(OUTSTANDING_REPORTED)
+                    .map(|(since, _, _, tier)| {
+                        Outcome::pending(now, tier, now.saturating_sub(since) as f64)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Work in flight now on pool `i`.
+    pub fn inflight_work_on(&self, i: PoolIndex) -> f64 {
+        self.work
+            .iter()
+            .filter_map(|s| s.inflight.get(i))
+            .map(|a| a.load(std::sync::atomic::Ordering::Relaxed))
+            .sum::<u64>() as f64
     }
 
     /// Work in flight now, by pool index.
-    pub fn inflight_work(&self) -> [f64; 2] {
-        let w = |i: usize| {
-            self.work
-                .iter()
-                .map(|s| s.inflight[i].load(std::sync::atomic::Ordering::Relaxed))
-                .sum::<u64>() as f64
-        };
-        [w(0), w(1)]
+    pub fn inflight_work(&self) -> Vec<f64> {
+        (0..self.pools.len())
+            .map(|i| self.inflight_work_on(i))
+            .collect()
     }
 
     pub fn outcomes_dropped(&self) -> u64 {
@@ -377,28 +428,39 @@ impl SignalHub {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    pub fn last_scrape(&self, pool: SignalPool) -> Option<ScrapeRound> {
-        (*self.pools[pool.index()].scraped.load_full()).clone()
+    pub fn last_scrape(&self, pool: PoolIndex) -> Option<ScrapeRound> {
+        (*self.pools.get(pool)?.scraped.load_full()).clone()
     }
 
-    pub fn set_override(&self, pool: SignalPool, kind: SignalKind, value: Option<f64>) {
+    pub fn set_override(&self, pool: PoolIndex, kind: SignalKind, value: Option<f64>) {
         let now = self.clock.now_ms();
         self.overrides(pool).values[kind_index(kind)] = value.map(|v| (v, now));
     }
 
     /// Records a value computed by another background service (e.g. the SLA-violation rate from
     /// the ledger); `Err` says why it is unavailable. It is subject to the same staleness bound.
-    pub fn record_external(&self, pool: SignalPool, kind: SignalKind, value: Result<f64, String>) {
+    pub fn record_external(&self, pool: PoolIndex, kind: SignalKind, value: Result<f64, String>) {
         let at = self.clock.now_ms();
-        let mut ext = self.pools[pool.index()]
+        let mut ext = self.pools[pool]
             .external
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         ext[kind_index(kind)] = Some(External { at, value });
     }
 
-    fn external(&self, pool: SignalPool, kind: SignalKind) -> Option<External> {
-        let ext = self.pools[pool.index()]
+    /// [`record_external`](Self::record_external) on every on-demand pool (a fleet-wide
+    /// figure, such as the ledger's SLA-violation rate).
+    pub fn record_external_on_demand(&self, kind: SignalKind, value: Result<f64, String>) {
+        let layout = self.engine_lock().layout().clone();
+        for (i, p) in layout.pools.iter().enumerate() {
+            if p.class == Pool::OnDemand {
+                self.record_external(i, kind, value.clone());
+            }
+        }
+    }
+
+    fn external(&self, pool: PoolIndex, kind: SignalKind) -> Option<External> {
+        let ext = self.pools[pool]
             .external
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -410,7 +472,7 @@ impl SignalHub {
     /// none. Preferred over the direct scrape while fresh.
     pub fn record_polled(
         &self,
-        pool: SignalPool,
+        pool: PoolIndex,
         kind: SignalKind,
         value: Result<(f64, Millis), String>,
     ) {
@@ -423,15 +485,15 @@ impl SignalHub {
             age_at_receipt,
             value,
         };
-        let mut polled = self.pools[pool.index()]
+        let mut polled = self.pools[pool]
             .polled
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         polled[kind_index(kind)] = Some(entry);
     }
 
-    fn polled(&self, pool: SignalPool, kind: SignalKind) -> Option<Polled> {
-        let polled = self.pools[pool.index()]
+    fn polled(&self, pool: PoolIndex, kind: SignalKind) -> Option<Polled> {
+        let polled = self.pools[pool]
             .polled
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -463,7 +525,7 @@ impl SignalHub {
 
     /// Precedence: admin override > external (ledger) > Prometheus > direct scrape. A source
     /// that has no fresh value is skipped, and the reading says why each one failed.
-    pub fn reading(&self, pool: SignalPool, kind: SignalKind, now: Millis) -> SignalReading {
+    pub fn reading(&self, pool: PoolIndex, kind: SignalKind, now: Millis) -> SignalReading {
         if let Some((v, at)) = self.overrides(pool).values[kind_index(kind)] {
             return SignalReading {
                 value: Some(v),
@@ -509,7 +571,7 @@ impl SignalHub {
             Ok(_) => format!("prometheus: stale: sample is {age} ms old"),
             Err(e) => format!("prometheus: {e}"),
         };
-        if self.pools[pool.index()].scraped.load().is_none() {
+        if self.pools[pool].scraped.load().is_none() {
             return unavailable(why);
         }
         let scraped = self.scraped_reading(pool, kind, now);
@@ -519,14 +581,14 @@ impl SignalHub {
         }
     }
 
-    fn scraped_reading(&self, pool: SignalPool, kind: SignalKind, now: Millis) -> SignalReading {
+    fn scraped_reading(&self, pool: PoolIndex, kind: SignalKind, now: Millis) -> SignalReading {
         let unavailable = |why: String| SignalReading {
             value: None,
             age_ms: None,
             source: "none",
             unavailable: Some(why),
         };
-        let round = self.pools[pool.index()].scraped.load();
+        let round = self.pools[pool].scraped.load();
         let Some(round) = round.as_ref() else {
             return unavailable(match kind {
                 SignalKind::SlaViolationRate => "no source: set /admin/sla-violation-rate".into(),
@@ -562,8 +624,8 @@ impl SignalHub {
         }
     }
 
-    pub fn signals(&self, pool: SignalPool, now: Millis) -> PoolSignals {
-        let round = self.pools[pool.index()].scraped.load();
+    pub fn signals(&self, pool: PoolIndex, now: Millis) -> PoolSignals {
+        let round = self.pools[pool].scraped.load();
         let fresh = round
             .as_ref()
             .as_ref()
@@ -574,17 +636,17 @@ impl SignalHub {
             sla_violation_rate: self.reading(pool, SignalKind::SlaViolationRate, now).value,
             queue_time_ms: fresh.and_then(|r| r.queue_time_ms),
             ttft_ms: fresh.and_then(|r| r.ttft_ms),
-            inflight_work: Some(self.inflight_work()[pool.index()]),
+            inflight_work: Some(self.inflight_work_on(pool)),
         }
     }
 
     /// Advances the policy by one sample, with the outcomes recorded since the last one, and
     /// publishes the new state.
-    pub fn tick(&self) -> Arc<PolicyState> {
+    pub fn tick(&self) -> Arc<Snapshot> {
         let now = self.clock.now_ms();
-        let on_demand = self.signals(SignalPool::OnDemand, now);
-        let spot = self.signals(SignalPool::Spot, now);
-        let mut outcomes: [Vec<Outcome>; 2] = Default::default();
+        let n = self.pools.len();
+        let signals: Vec<PoolSignals> = (0..n).map(|i| self.signals(i, now)).collect();
+        let mut outcomes: Vec<Vec<Outcome>> = vec![Vec::new(); n];
         {
             let rx = self.outcomes.1.lock().unwrap_or_else(|e| e.into_inner());
             while let Ok((pool, o)) = rx.try_recv() {
@@ -596,32 +658,48 @@ impl SignalHub {
         for (v, pending) in outcomes.iter_mut().zip(self.outstanding_at(now)) {
             v.extend(pending);
         }
-        let state = Arc::new(self.engine_lock().sample(
-            &on_demand,
-            &spot,
-            [&outcomes[0], &outcomes[1]],
-            now,
-        ));
-        warn_of_unattainable_targets(&self.state.load(), &state);
-        self.state.store(Arc::clone(&state));
+        let routes = self.routes.load_full();
+        let fleet = {
+            let mut engine = self.engine_lock();
+            if *engine.layout() != routes.layout {
+                engine.set_layout(routes.layout.clone());
+            }
+            let outcomes: Vec<&[Outcome]> = outcomes.iter().map(Vec::as_slice).collect();
+            engine.sample_fleet(&signals, &outcomes, now)
+        };
+        let snapshot = Arc::new(Snapshot { fleet, routes });
+        warn_of_unattainable_targets(&self.names, &self.state.load().fleet, &snapshot.fleet);
+        self.state.store(Arc::clone(&snapshot));
         self.sampled
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        state
+        snapshot
     }
+}
+
+/// Every pool idle with its ladder, before the first sample.
+fn initial_state(rules: &PolicyRules, layout: &Layout) -> FleetState {
+    FleetState::initial(layout, |i| {
+        let p = &layout.pools[i];
+        let relieves = p
+            .fallback_relieves
+            .unwrap_or_else(|| rules.fallback_relieves(p.class));
+        ladder_with(rules, relieves)
+    })
 }
 
 /// Logs once, when it is first measured, a tier whose target is below its learned unloaded
 /// latency on a pool: the controller will not shed anyone for it, and an operator who set
 /// the target should hear why.
-fn warn_of_unattainable_targets(before: &PolicyState, now: &PolicyState) {
-    let pools = [Pool::OnDemand, Pool::Spot];
-    for ((pool, was), is) in pools.iter().zip(&before.pools).zip(&now.pools) {
+fn warn_of_unattainable_targets(names: &[String], before: &FleetState, now: &FleetState) {
+    for (p, is) in now.pools.iter().enumerate() {
+        let is = &is.control;
+        let was = before.pools.get(p).map(|w| &w.control);
         for tier in Tier::ALL {
             let i = tier.index();
-            if is.unattainable[i] && !was.unattainable[i] {
+            if is.unattainable[i] && !was.is_some_and(|w| w.unattainable[i]) {
                 log::warn!(
                     "{tier}'s SLA target is below its unloaded latency on the {} pool ({:.0} ms): no shedding can meet it, so it sheds nobody (see /status admission_control)",
-                    pool.as_str(),
+                    names.get(p).map_or("?", String::as_str),
                     is.unloaded_ms[i].unwrap_or(0.0)
                 );
             }
@@ -636,7 +714,7 @@ mod tests {
 
     #[test]
     fn work_in_flight_is_given_back_when_the_request_ends() {
-        let hub = SignalHub::new(Clock::new(), 50, PolicyRules::default());
+        let hub = SignalHub::pair(Clock::new(), 50, PolicyRules::default());
         let a = hub.charge_work(1, 600, Tier::Standard, 0);
         let b = hub.charge_work(1, 400, Tier::Standard, 0);
         assert!(
@@ -644,7 +722,7 @@ mod tests {
             "no such pool"
         );
         assert_eq!(hub.inflight_work(), [0.0, 1000.0]);
-        assert_eq!(hub.signals(SignalPool::Spot, 0).inflight_work, Some(1000.0));
+        assert_eq!(hub.signals(1, 0).inflight_work, Some(1000.0));
         drop(a);
         assert_eq!(hub.inflight_work(), [0.0, 400.0]);
         drop(b);
@@ -655,22 +733,24 @@ mod tests {
     /// however it ends: the controller hears a stuck request before it answers.
     #[test]
     fn outstanding_requests_are_reported_with_their_age_until_they_end() {
-        let hub = SignalHub::new(Clock::new(), 50, PolicyRules::default());
+        let hub = SignalHub::pair(Clock::new(), 50, PolicyRules::default());
         let old = hub.charge_work(0, 100, Tier::Guaranteed, 1_000);
         let young = hub.charge_work(0, 100, Tier::Standard, 2_500);
         let spot = hub.charge_work(1, 100, Tier::BestEffort, 2_000);
-        let [od, sp] = hub.outstanding_at(3_000);
+        let v = hub.outstanding_at(3_000);
+        let (od, sp) = (&v[0], &v[1]);
         assert_eq!(
-            od,
+            *od,
             [
                 Outcome::pending(3_000, Tier::Guaranteed, 2_000.0),
                 Outcome::pending(3_000, Tier::Standard, 500.0)
             ]
         );
-        assert_eq!(sp, [Outcome::pending(3_000, Tier::BestEffort, 1_000.0)]);
+        assert_eq!(*sp, [Outcome::pending(3_000, Tier::BestEffort, 1_000.0)]);
         drop(old);
         drop(spot);
-        let [od, sp] = hub.outstanding_at(3_000);
+        let v = hub.outstanding_at(3_000);
+        let (od, sp) = (&v[0], &v[1]);
         assert_eq!((od.len(), sp.len()), (1, 0));
         drop(young);
         assert!(hub.outstanding_at(3_000).iter().all(Vec::is_empty));
@@ -680,7 +760,7 @@ mod tests {
     /// are still one replica's: summed, and reported oldest first across the workers.
     #[test]
     fn work_charged_on_several_workers_is_summed_and_ordered_by_age() {
-        let hub = Arc::new(SignalHub::new(Clock::new(), 50, PolicyRules::default()));
+        let hub = Arc::new(SignalHub::pair(Clock::new(), 50, PolicyRules::default()));
         let charges: Vec<WorkCharge> = [
             (2_000, Tier::Standard),
             (1_000, Tier::Guaranteed),
@@ -695,9 +775,10 @@ mod tests {
         })
         .collect();
         assert_eq!(hub.inflight_work(), [300.0, 0.0]);
-        let [od, _] = hub.outstanding_at(3_000);
+        let v = hub.outstanding_at(3_000);
+        let od = &v[0];
         assert_eq!(
-            od,
+            *od,
             [
                 Outcome::pending(3_000, Tier::Guaranteed, 2_000.0),
                 Outcome::pending(3_000, Tier::BestEffort, 1_500.0),
@@ -711,7 +792,7 @@ mod tests {
 
     #[test]
     fn overrides_win_and_stale_samples_are_unavailable() {
-        let hub = SignalHub::new(Clock::new(), 50, PolicyRules::default());
+        let hub = SignalHub::pair(Clock::new(), 50, PolicyRules::default());
         let backends = vec![BackendScrape {
             backend: "a".into(),
             kv_usage: Some(0.4),
@@ -720,26 +801,23 @@ mod tests {
             ttft: None,
             error: None,
         }];
-        hub.record_scrape(
-            SignalPool::OnDemand,
-            ScrapeRound::aggregate(hub.clock().now_ms(), backends),
-        );
+        hub.record_scrape(0, ScrapeRound::aggregate(hub.clock().now_ms(), backends));
         let now = hub.clock().now_ms();
-        let r = hub.reading(SignalPool::OnDemand, SignalKind::Pressure, now);
+        let r = hub.reading(0, SignalKind::Pressure, now);
         assert_eq!((r.value, r.source), (Some(40.0), "scrape"));
-        hub.set_override(SignalPool::OnDemand, SignalKind::Pressure, Some(65.0));
-        assert_eq!(hub.signals(SignalPool::OnDemand, now).pressure, Some(65.0));
-        hub.set_override(SignalPool::OnDemand, SignalKind::Pressure, None);
+        hub.set_override(0, SignalKind::Pressure, Some(65.0));
+        assert_eq!(hub.signals(0, now).pressure, Some(65.0));
+        hub.set_override(0, SignalKind::Pressure, None);
         let later = now + 100;
-        let r = hub.reading(SignalPool::OnDemand, SignalKind::QueueDepth, later);
+        let r = hub.reading(0, SignalKind::QueueDepth, later);
         assert_eq!(r.value, None);
         assert!(r.unavailable.unwrap().starts_with("stale"));
     }
 
     #[test]
     fn prometheus_wins_while_fresh_and_the_scrape_stands_in() {
-        let hub = SignalHub::new(Clock::new(), 1000, PolicyRules::default());
-        let pool = SignalPool::OnDemand;
+        let hub = SignalHub::pair(Clock::new(), 1000, PolicyRules::default());
+        let pool = 0;
         let kv = |v| {
             vec![BackendScrape {
                 backend: "a".into(),
@@ -786,7 +864,7 @@ mod tests {
         assert_eq!((r.value, r.source), (Some(10.0), "admin"));
 
         // Prometheus alone (no scrape ever): only its reason.
-        let spot = SignalPool::Spot;
+        let spot = 1;
         hub.record_polled(spot, SignalKind::QueueDepth, Err("value is NaN".into()));
         let r = hub.reading(spot, SignalKind::QueueDepth, later);
         assert_eq!(r.unavailable.as_deref(), Some("prometheus: value is NaN"));
@@ -798,16 +876,16 @@ mod tests {
             mode: sluice_policy::PolicyMode::Thresholds,
             ..PolicyRules::default()
         };
-        let hub = SignalHub::new(Clock::new(), 60_000, rules);
-        hub.set_override(SignalPool::OnDemand, SignalKind::Pressure, Some(65.0));
+        let hub = SignalHub::pair(Clock::new(), 60_000, rules);
+        hub.set_override(0, SignalKind::Pressure, Some(65.0));
         hub.tick();
         let s = hub.tick();
         assert_eq!(
-            s.tier(sluice_policy::Tier::BestEffort).state,
+            s.domain(0).tier(sluice_policy::Tier::BestEffort).state,
             PressureState::Critical
         );
         assert_eq!(
-            s.tier(sluice_policy::Tier::Guaranteed).state,
+            s.domain(0).tier(sluice_policy::Tier::Guaranteed).state,
             PressureState::Normal
         );
     }

@@ -11,7 +11,7 @@
 //! toward the stability model's consecutive-samples rule.
 
 use super::health::{PrometheusHealth, QueryHealth};
-use super::hub::{SignalHub, SignalPool};
+use super::hub::{PoolIndex, SignalHub};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::future::join_all;
@@ -185,20 +185,15 @@ pub fn render_query(template: &str, selector: &str) -> String {
 /// One query the poller runs each round.
 #[derive(Debug, Clone)]
 struct Target {
-    pool: SignalPool,
+    pool: PoolIndex,
+    /// The pool's name, for `/status`.
+    pool_name: &'static str,
     kind: SignalKind,
     /// `None` when the pool has no selector: recorded as unavailable without asking.
     query: Option<String>,
 }
 
 impl Target {
-    fn pool_name(&self) -> &'static str {
-        match self.pool {
-            SignalPool::OnDemand => "on-demand",
-            SignalPool::Spot => "spot",
-        }
-    }
-
     /// Prometheus' number → the hub's unit: KV usage is a 0–1 fraction reported in percent.
     fn convert(&self, v: f64) -> Result<f64, String> {
         match self.kind {
@@ -242,25 +237,26 @@ impl PrometheusPoller {
             .trim_end_matches('/')
             .to_string();
         let mut targets = Vec::new();
-        for (pool, selector) in [
-            (SignalPool::OnDemand, &s.pool_selectors.on_demand),
-            (SignalPool::Spot, &s.pool_selectors.spot),
-        ] {
+        for (pool, p) in cfg.pools.iter().enumerate() {
+            let selector = s.pool_selectors.of(&p.name);
+            // Named once for the process: the status rows borrow it.
+            let pool_name: &'static str = Box::leak(p.name.clone().into_boxed_str());
             for (kind, template) in [
                 (SignalKind::Pressure, &s.queries.kv_usage),
                 (SignalKind::QueueDepth, &s.queries.waiting),
             ] {
                 targets.push(Target {
                     pool,
+                    pool_name,
                     kind,
-                    query: (!selector.trim().is_empty()).then(|| render_query(template, selector)),
+                    query: (!selector.trim().is_empty()).then(|| render_query(template, &selector)),
                 });
             }
         }
         let queries = targets
             .iter()
             .map(|t| QueryHealth {
-                pool: t.pool_name(),
+                pool: t.pool_name,
                 signal: t.kind.as_str(),
                 query: t.query.clone(),
                 error: None,
@@ -356,7 +352,7 @@ impl PrometheusPoller {
                 Err(e) => {
                     qh.error = Some(e.clone());
                     round_error.get_or_insert_with(|| {
-                        format!("{} {}: {e}", target.pool_name(), target.kind.as_str())
+                        format!("{} {}: {e}", target.pool_name, target.kind.as_str())
                     });
                 }
             }
@@ -529,7 +525,8 @@ mod tests {
     #[test]
     fn kv_usage_must_be_a_fraction() {
         let t = Target {
-            pool: SignalPool::OnDemand,
+            pool: 0,
+            pool_name: "on-demand",
             kind: SignalKind::Pressure,
             query: None,
         };

@@ -1,41 +1,44 @@
-//! The signal sampler: every `scrape_interval_ms` it scrapes `/metrics` of every backend in the
-//! on-demand and spot pools (concurrently, each bounded by `scrape_timeout_ms`), records the
-//! aggregated round in the [`SignalHub`] and advances the policy by one sample. It connects
-//! through Pingora, as the proxy does, so a TLS backend is scraped over https with exactly the
-//! SNI, CA and verification its requests get.
+//! The signal sampler: every `scrape_interval_ms` it scrapes `/metrics` of every backend of
+//! every pool (concurrently, each bounded by `scrape_timeout_ms`), records each pool's
+//! aggregated round in the [`SignalHub`] and each backend's figures for replica choice, and
+//! advances the policy by one sample. It connects through Pingora, as the proxy does, so a TLS
+//! backend is scraped over https with exactly the SNI, CA and verification its requests get.
 
-use super::hub::{BackendScrape, ScrapeRound, SignalHub, SignalPool};
+use super::hub::{BackendScrape, PoolIndex, ScrapeRound, SignalHub};
 use super::vllm_text;
 use crate::backend_tls::{BackendTls, UpstreamTls};
+use crate::fleet::BackendLoads;
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
 use futures_util::future::join_all;
 use pingora::connectors::http::Connector;
-use pingora::http::RequestHeader;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use pingora::upstreams::peer::HttpPeer;
 use sluice_config::Config;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Scraped bodies larger than this are refused: a vLLM /metrics page is a few tens of KiB.
 const MAX_METRICS_BYTES: usize = 4 * 1024 * 1024;
-/// How long a scrape connection is kept for the next round (a round is about a second away).
-const KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// One backend to scrape: its `host:port` and, for a TLS backend, how to reach it.
 type Target = (String, Option<Arc<UpstreamTls>>);
 
 pub struct SignalSampler {
     hub: Arc<SignalHub>,
-    pools: [(SignalPool, Vec<Target>); 2],
+    /// Each pool's backends, by pool index.
+    pools: Vec<(PoolIndex, Vec<Target>)>,
+    loads: Arc<BackendLoads>,
     interval: Duration,
     timeout: Duration,
 }
 
 impl SignalSampler {
-    pub fn new(cfg: &Config, hub: Arc<SignalHub>, tls: &BackendTls) -> Self {
+    pub fn new(
+        cfg: &Config,
+        hub: Arc<SignalHub>,
+        tls: &BackendTls,
+        loads: Arc<BackendLoads>,
+    ) -> Self {
         let targets = |backends: &[String]| {
             backends
                 .iter()
@@ -44,10 +47,13 @@ impl SignalSampler {
         };
         Self {
             hub,
-            pools: [
-                (SignalPool::OnDemand, targets(&cfg.pools.on_demand.backends)),
-                (SignalPool::Spot, targets(&cfg.pools.spot.backends)),
-            ],
+            pools: cfg
+                .pools
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i, targets(&p.config.backends)))
+                .collect(),
+            loads,
             interval: Duration::from_millis(cfg.signals.scrape_interval_ms),
             timeout: Duration::from_millis(cfg.signals.scrape_timeout_ms),
         }
@@ -63,8 +69,11 @@ impl SignalSampler {
             )
         });
         for (pool, round) in join_all(rounds).await {
-            if pool == SignalPool::Spot && round.backends.is_empty() {
-                continue; // no spot pool configured: leave it unavailable rather than erroring
+            for b in &round.backends {
+                self.loads.record_scrape(&b.backend, b.kv_usage, b.waiting);
+            }
+            if round.backends.is_empty() {
+                continue; // a pool without backends: leave it unavailable rather than erroring
             }
             self.hub.record_scrape(pool, round);
         }
@@ -101,52 +110,22 @@ async fn scrape(connector: &Connector, target: &Target, timeout: Duration) -> Ba
     }
 }
 
-/// `GET /metrics` through Pingora's connector, with the peer settings proxied requests use
-/// (TLS included). The name is resolved every round, so a backend that moves is followed.
-async fn fetch(connector: &Connector, target: &Target, timeout: Duration) -> Result<Bytes, String> {
+/// `GET /metrics` of one backend.
+async fn fetch(
+    connector: &Connector,
+    target: &Target,
+    timeout: Duration,
+) -> Result<bytes::Bytes, String> {
     let (backend, tls) = target;
-    let addr = tokio::net::lookup_host(backend.as_str())
-        .await
-        .map_err(|e| format!("cannot resolve: {e}"))?
-        .next()
-        .ok_or("cannot resolve: no address")?;
-    let mut peer = HttpPeer::new(addr, false, String::new());
-    peer.options.connection_timeout = Some(timeout);
-    peer.options.read_timeout = Some(timeout);
-    if let Some(tls) = tls {
-        tls.apply(&mut peer);
-    }
-    let (mut session, _reused) = connector
-        .get_http_session(&peer)
-        .await
-        .map_err(|e| format!("connect failed: {e}"))?;
-    let mut req = RequestHeader::build("GET", b"/metrics", None).map_err(|e| e.to_string())?;
-    req.insert_header("Host", backend.as_str())
-        .map_err(|e| e.to_string())?;
-    let failed = |e: Box<pingora::Error>| format!("request failed: {e}");
-    session
-        .write_request_header(Box::new(req))
-        .await
-        .map_err(failed)?;
-    session.finish_request_body().await.map_err(failed)?;
-    session.read_response_header().await.map_err(failed)?;
-    let status = session.response_header().map(|r| r.status);
-    if let Some(status) = status.filter(|s| !s.is_success()) {
-        return Err(format!("HTTP {status}"));
-    }
-    let mut body = BytesMut::new();
-    while let Some(chunk) = session.read_response_body().await.map_err(failed)? {
-        if body.len() + chunk.len() > MAX_METRICS_BYTES {
-            return Err(format!(
-                "reading body: larger than {MAX_METRICS_BYTES} bytes"
-            ));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    connector
-        .release_http_session(session, &peer, Some(KEEPALIVE))
-        .await;
-    Ok(body.freeze())
+    crate::backend_http::get(
+        connector,
+        backend,
+        tls.as_ref(),
+        "/metrics",
+        timeout,
+        MAX_METRICS_BYTES,
+    )
+    .await
 }
 
 #[async_trait]

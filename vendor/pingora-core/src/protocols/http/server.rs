@@ -676,6 +676,18 @@ impl Session {
         }
     }
 
+    /// [`Self::enable_retry_buffering`] keeping up to `limit` bytes of body (at least 64 KiB):
+    /// a proxy that reads a larger body in `request_filter` (to route by its content) still
+    /// gets it replayed to the upstream. A custom session keeps its own default.
+    pub fn enable_retry_buffering_up_to(&mut self, limit: usize) {
+        match self {
+            Self::H1(s) => s.enable_retry_buffering_up_to(limit),
+            Self::H2(s) => s.enable_retry_buffering_up_to(limit),
+            Self::Subrequest(s) => s.enable_retry_buffering_up_to(limit),
+            Self::Custom(s) => s.enable_retry_buffering(),
+        }
+    }
+
     pub fn get_retry_buffer(&self) -> Option<Bytes> {
         match self {
             Self::H1(s) => s.get_retry_buffer(),

@@ -587,6 +587,14 @@ impl HttpSession {
         }
     }
 
+    /// Like [`Self::enable_retry_buffering`], keeping up to `limit` bytes (at least the
+    /// default 64 KiB) so a body read whole before the upstream is chosen still reaches it.
+    pub fn enable_retry_buffering_up_to(&mut self, limit: usize) {
+        if self.retry_buffer.is_none() {
+            self.retry_buffer = Some(FixedBuffer::new(limit.max(BODY_BUF_LIMIT)))
+        }
+    }
+
     pub fn get_retry_buffer(&self) -> Option<Bytes> {
         self.retry_buffer.as_ref().and_then(|b| {
             if b.is_truncated() {

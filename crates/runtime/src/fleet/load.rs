@@ -1,0 +1,135 @@
+//! What each backend carries right now, as replica choice and `/status` read it: the requests
+//! Sluice has in flight there (exact, it sent them) and what the last scrape of its `/metrics`
+//! said (KV usage, vLLM's waiting queue).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Scraped figures older than this are ignored (a backend that stopped answering its
+/// `/metrics` is judged by Sluice's own count alone).
+const SCRAPE_STALE: Duration = Duration::from_secs(5);
+const UNKNOWN: u32 = u32::MAX;
+
+fn since_start() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+#[derive(Debug)]
+pub struct BackendLoad {
+    inflight: AtomicU32,
+    picks: AtomicU64,
+    /// KV-cache usage in thousandths, or `UNKNOWN`.
+    kv_milli: AtomicU32,
+    /// vLLM's waiting requests, or `UNKNOWN`.
+    waiting: AtomicU32,
+    scraped_at: AtomicU64,
+}
+
+impl Default for BackendLoad {
+    fn default() -> Self {
+        BackendLoad {
+            inflight: AtomicU32::new(0),
+            picks: AtomicU64::new(0),
+            kv_milli: AtomicU32::new(UNKNOWN),
+            waiting: AtomicU32::new(UNKNOWN),
+            scraped_at: AtomicU64::new(0),
+        }
+    }
+}
+
+/// One request on a backend: counted in its in-flight work until dropped (however the request
+/// ends).
+#[derive(Debug)]
+pub struct Lease(Arc<BackendLoad>);
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl BackendLoad {
+    pub fn lease(self: &Arc<Self>) -> Lease {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        self.picks.fetch_add(1, Ordering::Relaxed);
+        Lease(Arc::clone(self))
+    }
+
+    pub fn inflight(&self) -> u32 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    pub fn picks(&self) -> u64 {
+        self.picks.load(Ordering::Relaxed)
+    }
+
+    pub fn set_scraped(&self, kv_usage: Option<f64>, waiting: Option<f64>) {
+        let kv = kv_usage.map_or(UNKNOWN, |k| (k.clamp(0.0, 1.0) * 1000.0).round() as u32);
+        let waiting = waiting.map_or(UNKNOWN, |w| w.clamp(0.0, 1e6) as u32);
+        self.kv_milli.store(kv, Ordering::Relaxed);
+        self.waiting.store(waiting, Ordering::Relaxed);
+        // Zero means never: a scrape in the process's first millisecond is stamped 1.
+        self.scraped_at
+            .store(since_start().max(1), Ordering::Relaxed);
+    }
+
+    fn fresh(&self) -> bool {
+        let at = self.scraped_at.load(Ordering::Relaxed);
+        at > 0 && since_start().saturating_sub(at) <= SCRAPE_STALE.as_millis() as u64
+    }
+
+    /// KV usage (0–1) from a fresh scrape.
+    pub fn kv_usage(&self) -> Option<f64> {
+        let v = self.kv_milli.load(Ordering::Relaxed);
+        (v != UNKNOWN && self.fresh()).then(|| f64::from(v) / 1000.0)
+    }
+
+    /// vLLM's waiting requests from a fresh scrape.
+    pub fn waiting(&self) -> Option<u32> {
+        let v = self.waiting.load(Ordering::Relaxed);
+        (v != UNKNOWN && self.fresh()).then_some(v)
+    }
+
+    /// Least-load order: Sluice's requests there plus those vLLM says wait there, KV usage
+    /// (0–1) breaking ties between equal counts.
+    pub fn score(&self) -> f64 {
+        f64::from(self.inflight())
+            + f64::from(self.waiting().unwrap_or(0))
+            + self.kv_usage().unwrap_or(0.0)
+    }
+}
+
+/// Every backend's load, by the name the balancer gives it (`ip:port`) and by the address as
+/// configured (which a scrape reaches, and which may name several).
+#[derive(Debug, Default)]
+pub struct BackendLoads {
+    by_name: HashMap<String, Arc<BackendLoad>>,
+    by_config: HashMap<String, Vec<Arc<BackendLoad>>>,
+}
+
+impl BackendLoads {
+    /// The load of backend `name`, resolved from configured address `configured`; one load per
+    /// name however many pools list it.
+    pub fn register(&mut self, configured: &str, name: &str) -> Arc<BackendLoad> {
+        let load = Arc::clone(self.by_name.entry(name.to_string()).or_default());
+        let entry = self.by_config.entry(configured.to_string()).or_default();
+        if !entry.iter().any(|l| Arc::ptr_eq(l, &load)) {
+            entry.push(Arc::clone(&load));
+        }
+        load
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<BackendLoad>> {
+        self.by_name.get(name)
+    }
+
+    /// A scrape of the configured address `configured`.
+    pub fn record_scrape(&self, configured: &str, kv_usage: Option<f64>, waiting: Option<f64>) {
+        for l in self.by_config.get(configured).into_iter().flatten() {
+            l.set_scraped(kv_usage, waiting);
+        }
+    }
+}
