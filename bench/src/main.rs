@@ -11,6 +11,7 @@
 
 mod bare;
 mod flame;
+mod fleet;
 mod live;
 mod metrics_writes;
 mod model;
@@ -189,6 +190,13 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         seeds: u64,
     },
+    /// Replica selection inside a pool, live: round robin, least load and prefix affinity on a
+    /// two-model fleet of simulators with prefix caching, through the shipped config (shared
+    /// system prompts, every prompt unique, one slow replica).
+    Fleet {
+        #[command(flatten)]
+        args: fleet::FleetArgs,
+    },
     /// Print a scenario (YAML) or its generated arrivals (JSON lines).
     Scenario {
         name: String,
@@ -311,6 +319,7 @@ async fn run(command: Command) -> Result<(), String> {
         Command::Calibrate { scen, seeds } => {
             results::calibrate(&scen, &modes(&scen.modes)?, seeds)
         }
+        Command::Fleet { args } => fleet::run(&args).await,
         Command::Scenario {
             name,
             arrivals,
