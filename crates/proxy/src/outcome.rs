@@ -37,6 +37,10 @@ pub fn response_body_filter(body: &mut Option<Bytes>, _eos: bool, ctx: &mut Ctx)
     };
     if ctx.first_byte.is_none() {
         ctx.first_byte = Some(Instant::now());
+        // The backend's answer started: replica choice learns how long it takes to.
+        if let Some(lease) = ctx.lease.as_mut() {
+            lease.first_byte();
+        }
     }
     if ctx.identity.is_none() {
         return;

@@ -17,10 +17,17 @@ fn since_start() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
+/// How fast a backend's latency estimate forgets: a backend avoided for being slow is tried again
+/// once its estimate has decayed (Finagle's and Linkerd's peak-EWMA use the same scale).
+const EWMA_DECAY_MS: f64 = 10_000.0;
+
 #[derive(Debug)]
 pub struct BackendLoad {
     inflight: AtomicU32,
     picks: AtomicU64,
+    /// Peak-EWMA of time to first byte, in microseconds as f64 bits (0: never observed).
+    ttfb_ewma_us: AtomicU64,
+    ttfb_at: AtomicU64,
     /// KV-cache usage in thousandths, or `UNKNOWN`.
     kv_milli: AtomicU32,
     /// vLLM's waiting requests, or `UNKNOWN`.
@@ -33,6 +40,8 @@ impl Default for BackendLoad {
         BackendLoad {
             inflight: AtomicU32::new(0),
             picks: AtomicU64::new(0),
+            ttfb_ewma_us: AtomicU64::new(0),
+            ttfb_at: AtomicU64::new(0),
             kv_milli: AtomicU32::new(UNKNOWN),
             waiting: AtomicU32::new(UNKNOWN),
             scraped_at: AtomicU64::new(0),
@@ -41,13 +50,26 @@ impl Default for BackendLoad {
 }
 
 /// One request on a backend: counted in its in-flight work until dropped (however the request
-/// ends).
+/// ends); its first byte feeds the backend's latency estimate.
 #[derive(Debug)]
-pub struct Lease(Arc<BackendLoad>);
+pub struct Lease {
+    load: Arc<BackendLoad>,
+    sent: Instant,
+    answered: bool,
+}
+
+impl Lease {
+    /// The backend's first byte of the answer arrived: once per request.
+    pub fn first_byte(&mut self) {
+        if !std::mem::replace(&mut self.answered, true) {
+            self.load.observe_ttfb(self.sent.elapsed());
+        }
+    }
+}
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.load.inflight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -55,7 +77,40 @@ impl BackendLoad {
     pub fn lease(self: &Arc<Self>) -> Lease {
         self.inflight.fetch_add(1, Ordering::Relaxed);
         self.picks.fetch_add(1, Ordering::Relaxed);
-        Lease(Arc::clone(self))
+        Lease {
+            load: Arc::clone(self),
+            sent: Instant::now(),
+            answered: false,
+        }
+    }
+
+    /// Peak-EWMA: a slower answer than the estimate is taken at once, a faster one blends in
+    /// by the time since the last; racing updates may lose one sample, which an estimate bears.
+    pub(crate) fn observe_ttfb(&self, took: Duration) {
+        let now = since_start();
+        let rtt = took.as_secs_f64() * 1e6;
+        let prev = f64::from_bits(self.ttfb_ewma_us.load(Ordering::Relaxed));
+        let next = if prev == 0.0 || rtt > prev {
+            rtt
+        } else {
+            let elapsed = now.saturating_sub(self.ttfb_at.load(Ordering::Relaxed)) as f64;
+            let w = (-elapsed / EWMA_DECAY_MS).exp();
+            prev * w + rtt * (1.0 - w)
+        };
+        self.ttfb_ewma_us
+            .store(next.max(1.0).to_bits(), Ordering::Relaxed);
+        self.ttfb_at.store(now, Ordering::Relaxed);
+    }
+
+    /// The time-to-first-byte estimate in ms, decayed by the time since it was last fed: a
+    /// backend left alone for being slow looks cheaper again and is retried.
+    pub fn ttfb_ms(&self) -> Option<f64> {
+        let v = f64::from_bits(self.ttfb_ewma_us.load(Ordering::Relaxed));
+        if v == 0.0 {
+            return None;
+        }
+        let idle = since_start().saturating_sub(self.ttfb_at.load(Ordering::Relaxed)) as f64;
+        Some(v / 1000.0 * (-idle / EWMA_DECAY_MS).exp())
     }
 
     pub fn inflight(&self) -> u32 {
@@ -99,6 +154,15 @@ impl BackendLoad {
         f64::from(self.inflight())
             + f64::from(self.waiting().unwrap_or(0))
             + self.kv_usage().unwrap_or(0.0)
+    }
+
+    /// The expected wait of one more request (peak-EWMA cost): the work ahead of it ([`score`],
+    /// plus itself) times how long this backend takes to start answering. `default_ttfb_ms`
+    /// stands in for a backend not yet measured.
+    ///
+    /// [`score`]: BackendLoad::score
+    pub fn cost(&self, default_ttfb_ms: f64) -> f64 {
+        (self.score() + 1.0) * self.ttfb_ms().unwrap_or(default_ttfb_ms).max(0.001)
     }
 }
 

@@ -120,13 +120,21 @@ impl UsableSet {
     }
 }
 
+/// The backend where one more request would wait least: peak-EWMA cost (work ahead times time
+/// to first byte), so a replica that answers slowly gets less even at equal counts. One not
+/// measured yet is priced at the mean of those that are.
 fn least_loaded<'a>(
-    it: impl Iterator<Item = &'a (Backend, BackendInfo)>,
+    it: impl Iterator<Item = &'a (Backend, BackendInfo)> + Clone,
 ) -> Option<&'a (Backend, BackendInfo)> {
-    // The first of equal scores wins, and the walk starts at a rotating place: equal backends
+    let (sum, n) = it
+        .clone()
+        .filter_map(|(_, i)| i.load.ttfb_ms())
+        .fold((0.0, 0u32), |(s, n), t| (s + t, n + 1));
+    let default = if n == 0 { 1.0 } else { sum / f64::from(n) };
+    // The first of equal costs wins, and the walk starts at a rotating place: equal backends
     // share the traffic.
     it.fold(None, |best: Option<(&(Backend, BackendInfo), f64)>, b| {
-        let score = b.1.load.score();
+        let score = b.1.load.cost(default);
         match best {
             Some((_, s)) if s <= score => best,
             _ => Some((b, score)),
@@ -156,6 +164,7 @@ fn next(ordinal: usize) -> usize {
 mod tests {
     use super::*;
     use crate::fleet::BackendLoads;
+    use std::time::Duration;
 
     fn set_of(addrs: &[&str], loads: &mut BackendLoads) -> UsableSet {
         let backends = addrs
@@ -227,6 +236,35 @@ mod tests {
         loads.record_scrape("127.0.0.1:2", Some(0.5), Some(10.0));
         let p = set.pick(Selection::LeastLoad, 1.25, 1, Want::default());
         assert_eq!(name(p), "127.0.0.1:1");
+    }
+
+    #[test]
+    fn least_load_prices_a_slow_replica_by_its_time_to_first_byte() {
+        let mut loads = BackendLoads::default();
+        let set = set_of(&["127.0.0.1:1", "127.0.0.1:2"], &mut loads);
+        let (slow, fast) = (
+            loads.get("127.0.0.1:1").unwrap(),
+            loads.get("127.0.0.1:2").unwrap(),
+        );
+        slow.observe_ttfb(Duration::from_millis(400));
+        fast.observe_ttfb(Duration::from_millis(50));
+        let pick = || name(set.pick(Selection::LeastLoad, 1.25, 3, Want::default()));
+        // Equal counts: the fast one; the slow one only once the fast one has 8 ahead.
+        let mut held = Vec::new();
+        for _ in 0..7 {
+            assert_eq!(pick(), "127.0.0.1:2");
+            held.push(fast.lease());
+        }
+        held.push(fast.lease());
+        assert_eq!(pick(), "127.0.0.1:1");
+        // A faster answer blends in by the time since the last (here none: no weight) rather
+        // than replacing the estimate; a slower one is taken at once (peak).
+        let before = slow.ttfb_ms().unwrap();
+        slow.observe_ttfb(Duration::from_millis(10));
+        let after = slow.ttfb_ms().unwrap();
+        assert!(after <= before && after > 350.0, "{before} -> {after}");
+        slow.observe_ttfb(Duration::from_millis(900));
+        assert!(slow.ttfb_ms().unwrap() > 850.0);
     }
 
     #[test]
