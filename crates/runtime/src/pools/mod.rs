@@ -64,6 +64,8 @@ pub struct PoolHandle {
     /// backend's info by address) was ~2k instructions a request, the largest part of
     /// `upstream_peer`.
     usable: ArcSwapOption<UsableSet>,
+    /// Where prompt heads live, kept across health changes.
+    homes: select::Homes,
 }
 
 impl PoolHandle {
@@ -146,6 +148,7 @@ impl PoolSet {
                 balancer: svc.task(),
                 infos,
                 usable: ArcSwapOption::empty(),
+                homes: select::Homes::default(),
             });
             services.push(svc);
         }
@@ -240,7 +243,9 @@ impl PoolSet {
 
     /// A usable backend of `h` for the request `want` describes.
     pub fn select(&self, h: &PoolHandle, want: Want<'_>) -> Option<(Backend, BackendInfo)> {
-        self.with_usable(h, |set| set.pick(h.selection, h.load_bound, h.index, want))
+        self.with_usable(h, |set| {
+            set.pick(h.selection, h.load_bound, h.index, want, &h.homes)
+        })
     }
 
     pub fn healthy_count(&self, h: &PoolHandle) -> usize {

@@ -9,6 +9,8 @@ use pingora::lb::Backend;
 use pingora_ketama::{Bucket, Continuum};
 use sluice_config::Selection;
 use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// What a pick needs to know of the request.
 #[derive(Clone, Copy, Default)]
@@ -23,6 +25,45 @@ pub struct Want<'a> {
 
 /// A pool's usable backends, in the balancer's order, each with its [`BackendInfo`], and the
 /// ring over them (built with the set, which changes only when health does).
+/// Where each prompt head was last placed (its "home"), per pool: a request whose head has a
+/// home goes there while the home is within the load bound, so a shared system prompt stays in
+/// one replica's prefix cache. Two generations of at most `HOMES` heads each approximate an
+/// LRU: a head not seen for two generations is forgotten and placed afresh.
+#[derive(Default)]
+pub struct Homes(std::sync::Mutex<(HashMap<u64, Arc<str>>, HashMap<u64, Arc<str>>)>);
+
+const HOMES: usize = 8192;
+
+impl Homes {
+    fn get(&self, key: u64) -> Option<Arc<str>> {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = g.0.get(&key) {
+            return Some(Arc::clone(h));
+        }
+        let h = g.1.remove(&key)?;
+        Self::put(&mut g, key, Arc::clone(&h));
+        Some(h)
+    }
+
+    fn set(&self, key: u64, home: Arc<str>) {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        Self::put(&mut g, key, home);
+    }
+
+    fn put(g: &mut (HashMap<u64, Arc<str>>, HashMap<u64, Arc<str>>), key: u64, home: Arc<str>) {
+        if g.0.len() >= HOMES {
+            g.1 = std::mem::take(&mut g.0);
+        }
+        g.0.insert(key, home);
+    }
+}
+
+/// Requests a home may hold above the pool's mean whatever `load_bound` allows: vLLM runs a
+/// batch at once, so a couple more in flight than the mean is not a queue, and with a handful
+/// of requests per replica a bound of 1.25x the mean alone spills a shared prompt on every
+/// ordinary burst (and its cache with it).
+const BOUND_SLACK: f64 = 2.0;
+
 pub(super) struct UsableSet {
     pub(super) generation: u64,
     pub(super) backends: Box<[(Backend, BackendInfo)]>,
@@ -51,6 +92,7 @@ impl UsableSet {
         load_bound: f64,
         ordinal: usize,
         want: Want<'_>,
+        homes: &Homes,
     ) -> Option<(Backend, BackendInfo)> {
         let ok = |info: &BackendInfo| want.serves.is_none_or(|serves| serves(&info.name));
         let avoid = |info: &BackendInfo| want.exclude.is_some_and(|x| *info.name == *x);
@@ -61,11 +103,9 @@ impl UsableSet {
         let chosen = match selection {
             Selection::RoundRobin => candidates().find(|(_, info)| !avoid(info)),
             Selection::LeastLoad => least_loaded(candidates().filter(|(_, i)| !avoid(i))),
-            Selection::PrefixAffinity => match (want.prefix, &self.ring) {
-                (Some(key), Some(ring)) => self
-                    .bounded(ring, key, load_bound, &|info| ok(info) && !avoid(info))
-                    .or_else(|| least_loaded(candidates().filter(|(_, i)| !avoid(i)))),
-                _ => least_loaded(candidates().filter(|(_, i)| !avoid(i))),
+            Selection::PrefixAffinity => match want.prefix {
+                Some(key) => self.affine(key, load_bound, homes, &|info| ok(info) && !avoid(info)),
+                None => least_loaded(candidates().filter(|(_, i)| !avoid(i))),
             },
         };
         // The backend that failed is still better than none.
@@ -75,48 +115,51 @@ impl UsableSet {
     /// The first backend on the ring from `key` that may take the request and whose requests
     /// in flight stay within `load_bound` of the mean over the allowed backends (counting this
     /// one).
-    fn bounded(
+    /// Prefix affinity with bounded loads (Mirrokni, Thorup and Zadimoghaddam): the head's home
+    /// while its requests in flight, with this one, stay within `load_bound` × the pool's mean
+    /// (or the mean plus [`BOUND_SLACK`]); past it this request alone goes to the least loaded
+    /// and the home is kept. A head without a usable home is placed on its Ketama ring node when
+    /// that node is no busier than the mean (so Sluice replicas agree on where a head lives),
+    /// else on the least loaded: a few hot heads that hash together do not pile on one replica,
+    /// and a head seen once costs what least load would.
+    fn affine(
         &self,
-        ring: &Continuum,
         key: u64,
         load_bound: f64,
+        homes: &Homes,
         allowed: &dyn Fn(&BackendInfo) -> bool,
     ) -> Option<&(Backend, BackendInfo)> {
-        let allowed_set: Vec<&(Backend, BackendInfo)> =
-            self.backends.iter().filter(|(_, i)| allowed(i)).collect();
-        if allowed_set.is_empty() {
+        let allowed_set = || self.backends.iter().filter(|(_, i)| allowed(i));
+        let n = allowed_set().count();
+        if n == 0 {
             return None;
         }
-        let total: u64 = allowed_set
-            .iter()
-            .map(|(_, i)| u64::from(i.load.inflight()))
-            .sum();
-        let bound = (load_bound * (total + 1) as f64 / allowed_set.len() as f64).ceil();
-        let mut seen = 0usize;
-        let mut tried: Vec<std::net::SocketAddr> = Vec::with_capacity(allowed_set.len());
-        for addr in ring.node_iter(&key.to_le_bytes()) {
-            if tried.contains(addr) {
-                continue;
-            }
-            tried.push(*addr);
-            let Some(entry) = self
-                .backends
-                .iter()
-                .find(|(b, _)| b.addr.as_inet() == Some(addr))
-            else {
-                continue;
-            };
-            if allowed(&entry.1) {
-                seen += 1;
-                if f64::from(entry.1.load.inflight()) + 1.0 <= bound {
-                    return Some(entry);
-                }
-            }
-            if seen == allowed_set.len() || tried.len() == self.backends.len() {
-                break;
-            }
+        let total: u32 = allowed_set().map(|(_, i)| i.load.inflight()).sum();
+        let mean = f64::from(total + 1) / n as f64;
+        let bound = (load_bound * mean).max(mean + BOUND_SLACK);
+        let load = |e: &(Backend, BackendInfo)| f64::from(e.1.load.inflight()) + 1.0;
+        let home = homes
+            .get(key)
+            .and_then(|h| allowed_set().find(|(_, i)| i.name == h));
+        if let Some(home) = home {
+            return Some(if load(home) <= bound {
+                home
+            } else {
+                least_loaded(allowed_set())?
+            });
         }
-        None
+        let on_ring = self.ring.as_ref().and_then(|ring| {
+            let addr = ring
+                .node_iter(&key.to_le_bytes())
+                .find(|a| allowed_set().any(|(b, _)| b.addr.as_inet() == Some(*a)))?;
+            allowed_set().find(|(b, _)| b.addr.as_inet() == Some(addr))
+        });
+        let placed = match on_ring {
+            Some(e) if load(e) <= mean.ceil() => e,
+            _ => least_loaded(allowed_set())?,
+        };
+        homes.set(key, Arc::clone(&placed.1.name));
+        Some(placed)
     }
 }
 
@@ -166,6 +209,23 @@ mod tests {
     use crate::fleet::BackendLoads;
     use std::time::Duration;
 
+    thread_local! {
+        // One pool's homes per test (each test runs on its own thread).
+        static HOMES: Homes = Homes::default();
+    }
+
+    impl UsableSet {
+        fn pick4(
+            &self,
+            selection: Selection,
+            load_bound: f64,
+            ordinal: usize,
+            want: Want<'_>,
+        ) -> Option<(Backend, BackendInfo)> {
+            HOMES.with(|h| self.pick(selection, load_bound, ordinal, want, h))
+        }
+    }
+
     fn set_of(addrs: &[&str], loads: &mut BackendLoads) -> UsableSet {
         let backends = addrs
             .iter()
@@ -199,7 +259,7 @@ mod tests {
                 exclude,
                 ..Want::default()
             };
-            name(set.pick(Selection::RoundRobin, 1.25, 0, want))
+            name(set.pick4(Selection::RoundRobin, 1.25, 0, want))
         };
         let mut round: Vec<String> = (0..3).map(|_| pick(None)).collect();
         round.sort();
@@ -212,13 +272,13 @@ mod tests {
             ..Want::default()
         };
         assert_eq!(
-            name(only.pick(Selection::RoundRobin, 1.25, 0, want)),
+            name(only.pick4(Selection::RoundRobin, 1.25, 0, want)),
             "127.0.0.1:9",
             "the backend that failed is still better than none"
         );
         let empty = UsableSet::new(0, Box::new([]));
         assert!(empty
-            .pick(Selection::LeastLoad, 1.25, 0, Want::default())
+            .pick4(Selection::LeastLoad, 1.25, 0, Want::default())
             .is_none());
     }
 
@@ -229,12 +289,12 @@ mod tests {
         let busy = loads.get("127.0.0.1:1").unwrap();
         let _held: Vec<_> = (0..3).map(|_| busy.lease()).collect();
         for _ in 0..5 {
-            let p = set.pick(Selection::LeastLoad, 1.25, 1, Want::default());
+            let p = set.pick4(Selection::LeastLoad, 1.25, 1, Want::default());
             assert_eq!(name(p), "127.0.0.1:2");
         }
         // vLLM's own queue counts too.
         loads.record_scrape("127.0.0.1:2", Some(0.5), Some(10.0));
-        let p = set.pick(Selection::LeastLoad, 1.25, 1, Want::default());
+        let p = set.pick4(Selection::LeastLoad, 1.25, 1, Want::default());
         assert_eq!(name(p), "127.0.0.1:1");
     }
 
@@ -248,7 +308,7 @@ mod tests {
         );
         slow.observe_ttfb(Duration::from_millis(400));
         fast.observe_ttfb(Duration::from_millis(50));
-        let pick = || name(set.pick(Selection::LeastLoad, 1.25, 3, Want::default()));
+        let pick = || name(set.pick4(Selection::LeastLoad, 1.25, 3, Want::default()));
         // Equal counts: the fast one; the slow one only once the fast one has 8 ahead.
         let mut held = Vec::new();
         for _ in 0..7 {
@@ -276,19 +336,19 @@ mod tests {
             ..Want::default()
         };
         for key in [7u64, 99, 12345] {
-            let first = name(set.pick(Selection::PrefixAffinity, 1.25, 2, want(key)));
+            let first = name(set.pick4(Selection::PrefixAffinity, 1.25, 2, want(key)));
             for _ in 0..5 {
-                let again = name(set.pick(Selection::PrefixAffinity, 1.25, 2, want(key)));
+                let again = name(set.pick4(Selection::PrefixAffinity, 1.25, 2, want(key)));
                 assert_eq!(again, first, "same head, same replica while unloaded");
             }
         }
         // Holding requests on the key's replica pushes it past the bound: the next one goes on.
-        let home = name(set.pick(Selection::PrefixAffinity, 1.25, 2, want(7)));
+        let home = name(set.pick4(Selection::PrefixAffinity, 1.25, 2, want(7)));
         let mut held = Vec::new();
         let mut moved_at = None;
         for i in 0..10 {
             let p = set
-                .pick(Selection::PrefixAffinity, 1.25, 2, want(7))
+                .pick4(Selection::PrefixAffinity, 1.25, 2, want(7))
                 .unwrap();
             if *p.1.name != *home {
                 moved_at = Some(i);
@@ -296,15 +356,18 @@ mod tests {
             }
             held.push(p.1.load.lease());
         }
-        // Mean with the request is (i + 1) / 3; a bound of 1.25 lets the home replica hold
-        // ceil(1.25 (i + 1) / 3) requests, so it sheds the second one.
-        assert_eq!(moved_at, Some(1), "home {home}");
+        // Mean with the request is (i + 1) / 3; the home may hold max(1.25, +2) of it, so
+        // it sheds the fourth.
+        assert_eq!(moved_at, Some(3), "home {home}");
         drop(held);
+        // The spill was that request's alone: the head still lives where it did.
+        let back = name(set.pick4(Selection::PrefixAffinity, 1.25, 2, want(7)));
+        assert_eq!(back, home);
         let mut spread: std::collections::HashMap<String, usize> = Default::default();
         for k in 0..300u64 {
             let key = k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             *spread
-                .entry(name(set.pick(
+                .entry(name(set.pick4(
                     Selection::PrefixAffinity,
                     1.25,
                     2,
@@ -335,7 +398,7 @@ mod tests {
                     prefix: Some(key),
                     exclude: None,
                 };
-                assert_eq!(name(set.pick(selection, 1.25, 3, want)), "127.0.0.1:3");
+                assert_eq!(name(set.pick4(selection, 1.25, 3, want)), "127.0.0.1:3");
             }
         }
         let none = |_: &str| false;
@@ -343,6 +406,6 @@ mod tests {
             serves: Some(&none),
             ..Want::default()
         };
-        assert!(set.pick(Selection::RoundRobin, 1.25, 3, want).is_none());
+        assert!(set.pick4(Selection::RoundRobin, 1.25, 3, want).is_none());
     }
 }
