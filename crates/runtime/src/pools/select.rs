@@ -25,32 +25,40 @@ pub struct Want<'a> {
 
 /// A pool's usable backends, in the balancer's order, each with its [`BackendInfo`], and the
 /// ring over them (built with the set, which changes only when health does).
-/// Where each prompt head was last placed (its "home"), per pool: a request whose head has a
-/// home goes there while the home is within the load bound, so a shared system prompt stays in
-/// one replica's prefix cache. Two generations of at most `HOMES` heads each approximate an
-/// LRU: a head not seen for two generations is forgotten and placed afresh.
+/// Where each prompt head lives, per pool: its home, and the replica its bursts spill to. A
+/// request whose head has a home goes there while the home is within the load bound, else to
+/// the spill replica while that one is, so a shared system prompt is cached on one replica, or
+/// two when it is hot, instead of on every replica a burst happened to reach. Two generations
+/// of at most `HOMES` heads each approximate an LRU: a head not seen for two generations is
+/// forgotten and placed afresh.
 #[derive(Default)]
-pub struct Homes(std::sync::Mutex<(HashMap<u64, Arc<str>>, HashMap<u64, Arc<str>>)>);
+pub struct Homes(std::sync::Mutex<(HashMap<u64, Home>, HashMap<u64, Home>)>);
+
+#[derive(Clone)]
+struct Home {
+    first: Arc<str>,
+    spill: Option<Arc<str>>,
+}
 
 const HOMES: usize = 8192;
 
 impl Homes {
-    fn get(&self, key: u64) -> Option<Arc<str>> {
+    fn get(&self, key: u64) -> Option<Home> {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(h) = g.0.get(&key) {
-            return Some(Arc::clone(h));
+            return Some(h.clone());
         }
         let h = g.1.remove(&key)?;
-        Self::put(&mut g, key, Arc::clone(&h));
+        Self::put(&mut g, key, h.clone());
         Some(h)
     }
 
-    fn set(&self, key: u64, home: Arc<str>) {
+    fn set(&self, key: u64, home: Home) {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
         Self::put(&mut g, key, home);
     }
 
-    fn put(g: &mut (HashMap<u64, Arc<str>>, HashMap<u64, Arc<str>>), key: u64, home: Arc<str>) {
+    fn put(g: &mut (HashMap<u64, Home>, HashMap<u64, Home>), key: u64, home: Home) {
         if g.0.len() >= HOMES {
             g.1 = std::mem::take(&mut g.0);
         }
@@ -117,8 +125,9 @@ impl UsableSet {
     /// one).
     /// Prefix affinity with bounded loads (Mirrokni, Thorup and Zadimoghaddam): the head's home
     /// while its requests in flight, with this one, stay within `load_bound` × the pool's mean
-    /// (or the mean plus [`BOUND_SLACK`]); past it this request alone goes to the least loaded
-    /// and the home is kept. A head without a usable home is placed on its Ketama ring node when
+    /// (or the mean plus [`BOUND_SLACK`]); past it the head's spill replica while that one is
+    /// within the bound, else the least loaded, which becomes the spill replica. The home is
+    /// kept. A head without a usable home is placed on its Ketama ring node when
     /// that node is no busier than the mean (so Sluice replicas agree on where a head lives),
     /// else on the least loaded: a few hot heads that hash together do not pile on one replica,
     /// and a head seen once costs what least load would.
@@ -138,15 +147,23 @@ impl UsableSet {
         let mean = f64::from(total + 1) / n as f64;
         let bound = (load_bound * mean).max(mean + BOUND_SLACK);
         let load = |e: &(Backend, BackendInfo)| f64::from(e.1.load.inflight()) + 1.0;
-        let home = homes
-            .get(key)
-            .and_then(|h| allowed_set().find(|(_, i)| i.name == h));
-        if let Some(home) = home {
-            return Some(if load(home) <= bound {
-                home
-            } else {
-                least_loaded(allowed_set())?
-            });
+        let find = |name: &Arc<str>| allowed_set().find(|(_, i)| i.name == *name);
+        if let Some(mut home) = homes.get(key) {
+            if let Some(first) = find(&home.first) {
+                if load(first) <= bound {
+                    return Some(first);
+                }
+                if let Some(spill) = home.spill.as_ref().and_then(find) {
+                    if load(spill) <= bound {
+                        return Some(spill);
+                    }
+                }
+                let spill = least_loaded(allowed_set().filter(|(_, i)| i.name != home.first))
+                    .unwrap_or(first);
+                home.spill = Some(Arc::clone(&spill.1.name));
+                homes.set(key, home);
+                return Some(spill);
+            }
         }
         let on_ring = self.ring.as_ref().and_then(|ring| {
             let addr = ring
@@ -158,7 +175,13 @@ impl UsableSet {
             Some(e) if load(e) <= mean.ceil() => e,
             _ => least_loaded(allowed_set())?,
         };
-        homes.set(key, Arc::clone(&placed.1.name));
+        homes.set(
+            key,
+            Home {
+                first: Arc::clone(&placed.1.name),
+                spill: None,
+            },
+        );
         Some(placed)
     }
 }
@@ -351,16 +374,21 @@ mod tests {
                 .pick4(Selection::PrefixAffinity, 1.25, 2, want(7))
                 .unwrap();
             if *p.1.name != *home {
-                moved_at = Some(i);
+                moved_at = Some((i, p.1.name.to_string()));
+                held.push(p.1.load.lease());
                 break;
             }
             held.push(p.1.load.lease());
         }
         // Mean with the request is (i + 1) / 3; the home may hold max(1.25, +2) of it, so
         // it sheds the fourth.
-        assert_eq!(moved_at, Some(3), "home {home}");
+        let (at, spill) = moved_at.expect("the home sheds past its bound");
+        assert_eq!(at, 3, "home {home}");
+        // The burst's next request follows the first to the same spill replica.
+        let next = name(set.pick4(Selection::PrefixAffinity, 1.25, 2, want(7)));
+        assert_eq!(next, spill);
         drop(held);
-        // The spill was that request's alone: the head still lives where it did.
+        // The spill was that burst's alone: the head still lives where it did.
         let back = name(set.pick4(Selection::PrefixAffinity, 1.25, 2, want(7)));
         assert_eq!(back, home);
         let mut spread: std::collections::HashMap<String, usize> = Default::default();
