@@ -220,6 +220,10 @@ impl SimParams {
             self.load_slowdown.to_string(),
         ];
         flags.extend(reserve.into_iter().flatten());
+        // The model engine has no prefix cache, and the scenarios' synthetic prompts share
+        // their heads: with the simulator's cache on, live runs would be a lighter workload
+        // than the model runs they are checked against.
+        flags.extend(["--prefix-caching".to_string(), "off".into()]);
         flags
     }
 }
