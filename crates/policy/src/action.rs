@@ -51,15 +51,9 @@ mod tests {
 
     fn facts(shapeable: bool, fallback_available: bool) -> RequestFacts {
         RequestFacts {
-            tier: Tier::Standard,
             shapeable,
             fallback_available,
-            spot_healthy: true,
-            fallback_pool: None,
-            ticket: 0,
-            prompt_tokens: 0,
-            max_tokens: None,
-            inflight_work: [0.0; 2],
+            ..RequestFacts::of(Tier::Standard)
         }
     }
 

@@ -147,15 +147,9 @@ mod tests {
 
     fn facts(tier: Tier, ticket: u64) -> RequestFacts {
         RequestFacts {
-            tier,
-            shapeable: true,
-            fallback_available: true,
-            spot_healthy: true,
             fallback_pool: Some(Pool::Spot),
             ticket,
-            prompt_tokens: 0,
-            max_tokens: None,
-            inflight_work: [0.0; 2],
+            ..RequestFacts::of(tier)
         }
     }
 

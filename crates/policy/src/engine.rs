@@ -251,17 +251,7 @@ mod tests {
     }
 
     fn facts(tier: Tier) -> RequestFacts {
-        RequestFacts {
-            tier,
-            shapeable: true,
-            fallback_available: true,
-            spot_healthy: true,
-            fallback_pool: None,
-            ticket: 0,
-            prompt_tokens: 0,
-            max_tokens: None,
-            inflight_work: [0.0; 2],
-        }
+        RequestFacts::of(tier)
     }
 
     fn pressure(p: f64) -> PoolSignals {

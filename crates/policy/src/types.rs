@@ -143,6 +143,25 @@ pub struct RequestFacts {
     pub inflight_work: [f64; 2],
 }
 
+#[cfg(test)]
+impl RequestFacts {
+    /// A completion of `tier` in a healthy fleet with a fallback and nothing in flight: the
+    /// request the policy's tests vary one field of.
+    pub(crate) fn of(tier: Tier) -> Self {
+        RequestFacts {
+            tier,
+            shapeable: true,
+            fallback_available: true,
+            spot_healthy: true,
+            fallback_pool: None,
+            ticket: 0,
+            prompt_tokens: 0,
+            max_tokens: None,
+            inflight_work: [0.0; 2],
+        }
+    }
+}
+
 /// The intervention applied to a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {

@@ -272,6 +272,48 @@ impl<'de> serde::de::Visitor<'de> for FactsVisitor {
     }
 }
 
+/// Visitor methods that read a JSON value past without using it: the prompt head's visitors
+/// each care about one shape and let the others go by.
+macro_rules! skip {
+    ($de:lifetime; str) => {
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+    };
+    ($de:lifetime; seq) => {
+        fn visit_seq<A: serde::de::SeqAccess<$de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(())
+        }
+    };
+    ($de:lifetime; map) => {
+        fn visit_map<A: serde::de::MapAccess<$de>>(self, mut map: A) -> Result<(), A::Error> {
+            while map
+                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                .is_some()
+            {}
+            Ok(())
+        }
+    };
+    ($de:lifetime; scalars) => {
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+    };
+}
+
 /// `messages`, fed to the prefix hash as it is read (roles and text, nothing built).
 struct Messages<'h>(&'h mut PrefixHash);
 
@@ -291,31 +333,9 @@ impl<'de> serde::de::Visitor<'de> for Messages<'_> {
         while seq.next_element_seed(Message(&mut *self.0))?.is_some() {}
         Ok(())
     }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while map
-            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-            .is_some()
-        {}
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
+    skip!('de; map);
+    skip!('de; str);
+    skip!('de; scalars);
 }
 
 /// One message: its role and text parts in document order, read in place.
@@ -349,28 +369,9 @@ impl<'de> serde::de::Visitor<'de> for Message<'_> {
         self.0.mark(1);
         Ok(())
     }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
+    skip!('de; seq);
+    skip!('de; str);
+    skip!('de; scalars);
 }
 
 /// A role or a content: a string is fed, a list of parts feeds each part's `text`.
@@ -396,28 +397,8 @@ impl<'de> serde::de::Visitor<'de> for Text<'_> {
         while seq.next_element_seed(Part(&mut *self.0))?.is_some() {}
         Ok(())
     }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while map
-            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-            .is_some()
-        {}
-        Ok(())
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
+    skip!('de; map);
+    skip!('de; scalars);
 }
 
 /// One content part: only its `text` counts (the last one, as a parsed object keeps).
@@ -452,28 +433,9 @@ impl<'de> serde::de::Visitor<'de> for Part<'_> {
         }
         Ok(())
     }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
+    skip!('de; seq);
+    skip!('de; str);
+    skip!('de; scalars);
 }
 
 /// `prompt` (completions): a string or a list of strings.
