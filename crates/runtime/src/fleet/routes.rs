@@ -258,11 +258,18 @@ impl Routes {
                     let set = |x: &PoolSpec| x.backends.iter().cloned().collect::<BTreeSet<_>>();
                     !p.backends.is_empty() && set(&fleet.pools[j]) == set(p)
                 });
-                let mine: BTreeSet<usize> = std::iter::once(i).chain(shares_with).collect();
-                let relieves = fallback_pools
-                    .iter()
-                    .find(|(_, on)| !on.is_empty())
-                    .map(|(_, on)| on.iter().any(|j| !mine.contains(j)));
+                // Moving traffic relieves this pool only onto a backend it does not run on:
+                // a fallback pool over the same servers (another name, the same GPUs) adds no
+                // capacity.
+                let mine: BTreeSet<&String> = p.backends.iter().collect();
+                let relieves =
+                    fallback_pools
+                        .iter()
+                        .find(|(_, on)| !on.is_empty())
+                        .map(|(_, on)| {
+                            on.iter()
+                                .any(|&j| fleet.pools[j].backends.iter().any(|b| !mine.contains(b)))
+                        });
                 PoolLayout {
                     class: match p.class {
                         PoolClass::OnDemand => Pool::OnDemand,
@@ -315,4 +322,61 @@ impl Routes {
 /// A model card for a declared model (vLLM's `/v1/models` entry shape).
 fn card(id: &str) -> serde_json::Value {
     serde_json::json!({"id": id, "object": "model", "owned_by": "sluice"})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(name: &str, class: PoolClass, models: &[&str], backends: &[&str]) -> PoolSpec {
+        PoolSpec {
+            name: name.into(),
+            class,
+            declared: Some(models.iter().map(|m| m.to_string()).collect()),
+            backends: backends.iter().map(|b| b.to_string()).collect(),
+        }
+    }
+
+    fn relieves(pools: Vec<PoolSpec>) -> Vec<Option<bool>> {
+        let fleet = Fleet {
+            pools,
+            fallbacks: vec![("small".into(), None)],
+        };
+        Routes::build(&fleet, &Discovered::new(), 1)
+            .layout
+            .pools
+            .iter()
+            .map(|p| p.fallback_relieves)
+            .collect()
+    }
+
+    #[test]
+    fn a_fallback_on_the_same_servers_relieves_nothing_under_any_pool_name() {
+        let one = "10.0.0.1:8000";
+        let got = relieves(vec![
+            pool("on-demand", PoolClass::OnDemand, &["big", "small"], &[one]),
+            pool("spot", PoolClass::Spot, &["big", "small"], &[one]),
+            pool("fallback", PoolClass::Spot, &["small"], &[one]),
+        ]);
+        assert_eq!(got, [Some(false); 3]);
+    }
+
+    #[test]
+    fn a_fallback_on_other_servers_relieves_the_pools_it_does_not_run_on() {
+        let got = relieves(vec![
+            pool(
+                "on-demand",
+                PoolClass::OnDemand,
+                &["big"],
+                &["10.0.0.1:8000"],
+            ),
+            pool(
+                "spot",
+                PoolClass::Spot,
+                &["big", "small"],
+                &["10.0.0.2:8000"],
+            ),
+        ]);
+        assert_eq!(got, [Some(true), Some(false)]);
+    }
 }
