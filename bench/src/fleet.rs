@@ -110,12 +110,12 @@ pub struct FleetArgs {
         default_value = "round_robin,least_load,prefix_affinity"
     )]
     pub selections: Vec<Selection>,
-    /// Selections of the slow-replica scenario.
+    /// Selections of the slow-replica scenario (prefix affinity too: it is the shipped default).
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "round_robin,least_load"
+        default_value = "round_robin,least_load,prefix_affinity"
     )]
     pub slow_selections: Vec<Selection>,
     /// Seconds of arrivals per run.

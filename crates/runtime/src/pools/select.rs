@@ -66,11 +66,13 @@ impl Homes {
     }
 }
 
-/// Requests a home may hold above the pool's mean whatever `load_bound` allows: vLLM runs a
-/// batch at once, so a couple more in flight than the mean is not a queue, and with a handful
-/// of requests per replica a bound of 1.25x the mean alone spills a shared prompt on every
-/// ordinary burst (and its cache with it).
-const BOUND_SLACK: f64 = 2.0;
+/// Requests' worth of waiting a home may hold above the pool's mean whatever `load_bound`
+/// allows, counted on the quickest replica: a spill costs the head's whole prefill again (about
+/// three answers' time to first token where the head is cached, for a 2,000-token head), and
+/// vLLM runs a batch at once, so a few more in flight than the mean is not yet a queue. With a
+/// handful of requests per replica a bound of 1.25x the mean alone would spill a shared prompt
+/// on every ordinary burst (and its cache with it).
+const BOUND_SLACK: f64 = 3.0;
 
 pub(super) struct UsableSet {
     pub(super) generation: u64,
@@ -120,17 +122,16 @@ impl UsableSet {
         chosen.or_else(|| candidates().next()).cloned()
     }
 
-    /// The first backend on the ring from `key` that may take the request and whose requests
-    /// in flight stay within `load_bound` of the mean over the allowed backends (counting this
-    /// one).
     /// Prefix affinity with bounded loads (Mirrokni, Thorup and Zadimoghaddam): the head's home
-    /// while its requests in flight, with this one, stay within `load_bound` × the pool's mean
-    /// (or the mean plus [`BOUND_SLACK`]); past it the head's spill replica while that one is
-    /// within the bound, else the least loaded, which becomes the spill replica. The home is
-    /// kept. A head without a usable home is placed on its Ketama ring node when
-    /// that node is no busier than the mean (so Sluice replicas agree on where a head lives),
-    /// else on the least loaded: a few hot heads that hash together do not pile on one replica,
-    /// and a head seen once costs what least load would.
+    /// while its load with this request stays within `load_bound` × the pool's mean (or the
+    /// mean plus [`BOUND_SLACK`] requests on the quickest replica); past it the head's spill
+    /// replica while that one is within the bound, else the least loaded, which becomes the
+    /// spill replica. The home is kept. A load is least load's price (work ahead times time to
+    /// first byte), so a replica that answers slowly keeps fewer heads. A head without a usable
+    /// home is placed on its Ketama ring node when that node is no busier than the mean (so
+    /// Sluice replicas agree on where a head lives), else on the least loaded: a few hot heads
+    /// that hash together do not pile on one replica, and a head seen once costs what least
+    /// load would.
     fn affine(
         &self,
         key: u64,
@@ -143,10 +144,24 @@ impl UsableSet {
         if n == 0 {
             return None;
         }
-        let total: u32 = allowed_set().map(|(_, i)| i.load.inflight()).sum();
-        let mean = f64::from(total + 1) / n as f64;
-        let bound = (load_bound * mean).max(mean + BOUND_SLACK);
-        let load = |e: &(Backend, BackendInfo)| f64::from(e.1.load.inflight()) + 1.0;
+        // Loads are priced as least load prices them (work ahead times time to first byte),
+        // so a replica that answers slowly reaches its bound with fewer requests; `unit` is
+        // one request's worth of waiting on the quickest replica.
+        let (sum, timed) = allowed_set()
+            .filter_map(|(_, i)| i.load.ttfb_ms())
+            .fold((0.0, 0u32), |(s, n), t| (s + t, n + 1));
+        let default = if timed == 0 {
+            1.0
+        } else {
+            sum / f64::from(timed)
+        };
+        let unit = allowed_set()
+            .map(|(_, i)| i.load.ttfb_ms().unwrap_or(default))
+            .fold(f64::INFINITY, f64::min)
+            .max(0.001);
+        let load = |e: &(Backend, BackendInfo)| e.1.load.cost(default);
+        let mean = allowed_set().map(load).sum::<f64>() / n as f64;
+        let bound = (load_bound * mean).max(mean + BOUND_SLACK * unit);
         let find = |name: &Arc<str>| allowed_set().find(|(_, i)| i.name == *name);
         if let Some(mut home) = homes.get(key) {
             if let Some(first) = find(&home.first) {
@@ -172,7 +187,7 @@ impl UsableSet {
             allowed_set().find(|(b, _)| b.addr.as_inet() == Some(addr))
         });
         let placed = match on_ring {
-            Some(e) if load(e) <= mean.ceil() => e,
+            Some(e) if load(e) <= mean => e,
             _ => least_loaded(allowed_set())?,
         };
         homes.set(
@@ -380,11 +395,15 @@ mod tests {
             }
             held.push(p.1.load.lease());
         }
-        // Mean with the request is (i + 1) / 3; the home may hold max(1.25, +2) of it, so
-        // it sheds the fourth.
+        // Unmeasured replicas cost their work ahead plus one each: with i held at home the
+        // mean is (i + 3) / 3 and the home (i + 1) may exceed it by three, so it sheds the
+        // sixth.
         let (at, spill) = moved_at.expect("the home sheds past its bound");
-        assert_eq!(at, 3, "home {home}");
-        // The burst's next request follows the first to the same spill replica.
+        assert_eq!(at, 5, "home {home}");
+        // The burst's next request that the home cannot take follows the first to the same
+        // spill replica.
+        let home_load = loads.get(&home).unwrap();
+        held.push(home_load.lease());
         let next = name(set.pick4(Selection::PrefixAffinity, 1.25, 2, want(7)));
         assert_eq!(next, spill);
         drop(held);
@@ -408,6 +427,54 @@ mod tests {
             3,
             "different heads spread over the ring: {spread:?}"
         );
+    }
+
+    #[test]
+    fn a_home_that_answers_slowly_keeps_fewer_requests_of_its_head() {
+        let mut loads = BackendLoads::default();
+        let set = set_of(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], &mut loads);
+        let want = |key| Want {
+            prefix: Some(key),
+            ..Want::default()
+        };
+        let pick = |key| {
+            set.pick4(Selection::PrefixAffinity, 1.25, 4, want(key))
+                .unwrap()
+        };
+        for b in ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"] {
+            loads
+                .get(b)
+                .unwrap()
+                .observe_ttfb(Duration::from_millis(50));
+        }
+        // Requests of one head held at its home until it spills. At equal speeds a home may
+        // exceed the mean by three requests: with j held the home costs 50(j + 1) ms against a
+        // mean of 50(j + 3) / 3, so it takes five.
+        let held_until_spill = |key| {
+            let home = pick(key).1.name.clone();
+            let mut held = Vec::new();
+            loop {
+                let p = pick(key);
+                if p.1.name != home {
+                    return (home, held.len());
+                }
+                held.push(p.1.load.lease());
+            }
+        };
+        let (home, at_equal_speed) = held_until_spill(11);
+        assert_eq!(at_equal_speed, 5);
+        // The home now answers twice as slowly: a request there is worth two elsewhere, so
+        // the head moves on after fewer.
+        loads
+            .get(&home)
+            .unwrap()
+            .observe_ttfb(Duration::from_millis(100));
+        let (still_home, when_slow) = held_until_spill(11);
+        assert_eq!(
+            still_home, home,
+            "a slow home keeps its head while unloaded"
+        );
+        assert_eq!(when_slow, 2);
     }
 
     #[test]
