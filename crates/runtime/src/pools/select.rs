@@ -284,6 +284,14 @@ mod tests {
         UsableSet::new(0, backends)
     }
 
+    /// A request whose prompt head hashes to `key`.
+    fn want(key: u64) -> Want<'static> {
+        Want {
+            prefix: Some(key),
+            ..Want::default()
+        }
+    }
+
     fn name(p: Option<(Backend, BackendInfo)>) -> String {
         p.unwrap().1.name.to_string()
     }
@@ -369,10 +377,6 @@ mod tests {
     fn a_prompt_head_keeps_its_replica_until_the_load_bound() {
         let mut loads = BackendLoads::default();
         let set = set_of(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], &mut loads);
-        let want = |key| Want {
-            prefix: Some(key),
-            ..Want::default()
-        };
         for key in [7u64, 99, 12345] {
             let first = name(set.pick4(Selection::PrefixAffinity, 1.25, 2, want(key)));
             for _ in 0..5 {
@@ -433,10 +437,6 @@ mod tests {
     fn a_home_that_answers_slowly_keeps_fewer_requests_of_its_head() {
         let mut loads = BackendLoads::default();
         let set = set_of(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], &mut loads);
-        let want = |key| Want {
-            prefix: Some(key),
-            ..Want::default()
-        };
         let pick = |key| {
             set.pick4(Selection::PrefixAffinity, 1.25, 4, want(key))
                 .unwrap()
