@@ -147,14 +147,7 @@ impl UsableSet {
         // Loads are priced as least load prices them (work ahead times time to first byte),
         // so a replica that answers slowly reaches its bound with fewer requests; `unit` is
         // one request's worth of waiting on the quickest replica.
-        let (sum, timed) = allowed_set()
-            .filter_map(|(_, i)| i.load.ttfb_ms())
-            .fold((0.0, 0u32), |(s, n), t| (s + t, n + 1));
-        let default = if timed == 0 {
-            1.0
-        } else {
-            sum / f64::from(timed)
-        };
+        let default = unmeasured_ttfb_ms(allowed_set());
         let unit = allowed_set()
             .map(|(_, i)| i.load.ttfb_ms().unwrap_or(default))
             .fold(f64::INFINITY, f64::min)
@@ -201,17 +194,26 @@ impl UsableSet {
     }
 }
 
+/// The time to first byte a backend not measured yet is priced at: the mean of those that are
+/// (1 ms when none is, which makes costs plain counts).
+fn unmeasured_ttfb_ms<'a>(it: impl Iterator<Item = &'a (Backend, BackendInfo)>) -> f64 {
+    let (sum, n) = it
+        .filter_map(|(_, i)| i.load.ttfb_ms())
+        .fold((0.0, 0u32), |(s, n), t| (s + t, n + 1));
+    if n == 0 {
+        1.0
+    } else {
+        sum / f64::from(n)
+    }
+}
+
 /// The backend where one more request would wait least: peak-EWMA cost (work ahead times time
 /// to first byte), so a replica that answers slowly gets less even at equal counts. One not
 /// measured yet is priced at the mean of those that are.
 fn least_loaded<'a>(
     it: impl Iterator<Item = &'a (Backend, BackendInfo)> + Clone,
 ) -> Option<&'a (Backend, BackendInfo)> {
-    let (sum, n) = it
-        .clone()
-        .filter_map(|(_, i)| i.load.ttfb_ms())
-        .fold((0.0, 0u32), |(s, n), t| (s + t, n + 1));
-    let default = if n == 0 { 1.0 } else { sum / f64::from(n) };
+    let default = unmeasured_ttfb_ms(it.clone());
     // The first of equal costs wins, and the walk starts at a rotating place: equal backends
     // share the traffic.
     it.fold(None, |best: Option<(&(Backend, BackendInfo), f64)>, b| {
