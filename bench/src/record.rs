@@ -80,7 +80,9 @@ pub struct RequestRecord {
     /// Arrival → first streamed token; `None` when not streamed or not completed.
     pub ttft_ms: Option<f64>,
     pub stream: bool,
-    pub requested_tokens: u64,
+    /// The completion the request gets uncapped: `max_tokens`, or where the engine model ends
+    /// the answer on its own before it.
+    pub answer_tokens: u64,
     pub completion_tokens: u64,
     /// `x-sluice-decision` (`direct` when there is no proxy).
     pub decision: String,
@@ -103,7 +105,7 @@ impl RequestRecord {
             latency_ms: 0.0,
             ttft_ms: None,
             stream: a.stream,
-            requested_tokens: a.max_tokens,
+            answer_tokens: a.answer_tokens(a.max_tokens),
             completion_tokens: 0,
             decision: String::new(),
             reason: String::new(),
@@ -120,10 +122,10 @@ impl RequestRecord {
         self.status == 429
     }
 
-    /// Capped by Sluice: fewer tokens than asked for (the simulator generates exactly
-    /// `max_tokens`, so any shortfall is the rewrite).
+    /// Capped by Sluice: fewer tokens than the answer has uncapped (the simulator generates
+    /// exactly that many, so any shortfall is the rewrite).
     pub fn degraded(&self) -> bool {
-        self.completed() && self.completion_tokens < self.requested_tokens
+        self.completed() && self.completion_tokens < self.answer_tokens
     }
 
     pub fn queued(&self) -> bool {

@@ -669,7 +669,7 @@ mod tests {
             latency_ms,
             ttft_ms: None,
             stream: false,
-            requested_tokens: 100,
+            answer_tokens: 100,
             completion_tokens: if status == 200 { 100 } else { 0 },
             decision: "pass".into(),
             reason: String::new(),

@@ -630,7 +630,12 @@ impl PoolController {
         // baseline without a queue is the batch's own pace (or a slow GPU), and shedding for
         // it was measured to cost lower tiers far more than it bought (bench/RESULTS.md).
         // Unknown queue signals are not calm: then the latencies alone must speak.
-        let calm = no_queue && !full;
+        // One empty reading in the middle of a peak is a gap between arrivals, not a drain: a
+        // level cut to a third on it lets the lower tiers back in at once and the queue
+        // returns in front of Guaranteed (seen live on one shared backend). So calm needs the
+        // queue empty at two samples in a row.
+        let settled = drained.is_some_and(|t| t < now);
+        let calm = no_queue && settled && !full;
         let mut moved = Movement::Hold;
         if let Some(kind) = rail {
             let floor = rail_level(&steps);
@@ -1294,6 +1299,44 @@ mod tests {
                 (at, c.level())
             })
             .collect()
+    }
+
+    /// One empty reading of vLLM's queue in the middle of a peak is a gap between arrivals, not
+    /// a drain: the level is not cut to a third on it. The queue empty at two samples in a row
+    /// is calm.
+    #[test]
+    fn one_empty_queue_reading_in_a_peak_is_not_calm() {
+        let rules = PolicyRules::default();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let sig = |waiting: f64| PoolSignals {
+            pressure: Some(80.0),
+            queue_depth: Some(waiting),
+            queue_time_ms: Some(if waiting > 0.0 { 400.0 } else { 0.0 }),
+            ..Default::default()
+        };
+        let mut at = 0;
+        // Guaranteed queued well past its 2,000 ms target: the level rises.
+        for _ in 0..4 {
+            at += 500;
+            let late = batch(at, Tier::Guaranteed, 2600.0, 6);
+            c.observe(Pool::OnDemand, &rules, &t, &sig(8.0), &late, at);
+        }
+        let risen = c.level();
+        assert!(risen >= 2.0, "{risen}");
+        // Past the hold, the queue still there, no new answers: the level stays up.
+        at += t.hold_ms;
+        c.observe(Pool::OnDemand, &rules, &t, &sig(8.0), &[], at);
+        let before = c.level();
+        assert!(before >= 2.0, "{before}");
+        at += 500;
+        let gap = c.observe(Pool::OnDemand, &rules, &t, &sig(0.0), &[], at);
+        assert_ne!(gap.moved, Movement::Calm, "{gap:?}");
+        assert!(gap.level > before / 3.0 + 0.5, "{gap:?}");
+        at += 500;
+        let drained = c.observe(Pool::OnDemand, &rules, &t, &sig(0.0), &[], at);
+        assert_eq!(drained.moved, Movement::Calm, "{drained:?}");
+        assert!(drained.level < gap.level, "{drained:?}");
     }
 
     /// The grid: whatever the targets' distance from the unloaded latency, the level is
