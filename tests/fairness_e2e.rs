@@ -373,15 +373,3 @@ async fn weighted_token_shares_hold_across_three_replicas_on_redis() {
         assert_closed_loop_share(&sim, 3, weight, PAUSE).await;
     }
 }
-
-/// Issue 41's measurement as it was found: with 200 ms pauses gold's queue empties between its
-/// clients' requests while it still asks for more than its share (both tenants waiting in
-/// every `/status` sample). Lifting gold level with heavy on each return gave 1.7 here; the
-/// edge where gold runs short of demand is near, so this runs on a quiet machine only:
-/// `cargo test --test fairness_e2e -- --ignored --test-threads 1 --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore]
-async fn a_favoured_tenant_whose_queue_empties_between_requests_keeps_its_share() {
-    let sim = sim("llama-3-70b", &[]).await;
-    assert_closed_loop_share(&sim, 1, 3.0, Duration::from_millis(200)).await;
-}
