@@ -163,11 +163,12 @@ pub fn write_config(cfg: &Value) -> (PathBuf, PathBuf) {
     (dir, path)
 }
 
-/// Waits up to 15 s for `url` to answer 200 from `proc`, whose output goes to `log`. A listen
-/// port is free when a test picks it, but another process's connection can take it before the
-/// child binds it, and Pingora then retries the bind for 30 s: `false` when the log says an
-/// address is in use, so the caller starts it again on fresh ports. A child that exits or is
-/// not ready for another reason fails the test with its own log.
+/// Waits up to 15 s for `url` to answer 200 from `proc` and its tenant address to take a
+/// connection; its output goes to `log`. A listen port is free when a test picks it, but another
+/// process's connection can take it before the child binds it, and Pingora then retries the
+/// bind for 30 s: `false` when the log says an address is in use, so the caller starts it again
+/// on fresh ports. A child that exits or is not ready for another reason fails the test with
+/// its own log.
 pub async fn wait_started(proc: &mut Proc, url: &str, log: &std::path::Path) -> bool {
     let c = client();
     let in_use = || std::fs::read_to_string(log).is_ok_and(|l| l.contains("is in use"));
@@ -176,9 +177,11 @@ pub async fn wait_started(proc: &mut Proc, url: &str, log: &std::path::Path) -> 
         if in_use() || proc.child.try_wait().unwrap().is_some() {
             break;
         }
-        // Bounded: whatever holds the port may accept and never answer.
+        // Bounded: whatever holds the port may accept and never answer. The tenant listener
+        // is bound by its own service, possibly after the operations one answers: started
+        // means both take connections.
         if let Ok(r) = c.get(url).timeout(Duration::from_secs(1)).send().await {
-            if r.status() == 200 {
+            if r.status() == 200 && tokio::net::TcpStream::connect(&proc.addr).await.is_ok() {
                 return true;
             }
         }
