@@ -16,7 +16,7 @@ use sluice_policy::{
     tenant_policy::PolicyRules, Action, PolicyEngine, PolicyState, Pool, PoolSignals, Reason,
     RequestFacts, Tier,
 };
-use sluice_runtime::signals::vllm_text::Histogram;
+use sluice_runtime::signals::vllm_text::{DelaySpan, Histogram};
 
 use crate::model_queue::{Joined, TierQueue, Waiting};
 use crate::record::{Mode, RequestRecord, Run, Sample};
@@ -208,8 +208,8 @@ struct Proxy {
     shared: bool,
     /// Outcomes since the last policy sample, by pool.
     outcomes: [Vec<Outcome>; 2],
-    /// Each pool's delay histogram at the previous sample, and when.
-    last_queue_time: [Option<(Histogram, f64)>; 2],
+    /// Each pool's delay histogram at recent samples, read over the span Sluice reads it.
+    last_queue_time: [DelaySpan<Histogram>; 2],
     /// Spot as Sluice's health checks see it.
     spot_seen_healthy: bool,
     hc_interval: f64,
@@ -282,7 +282,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
             has_fallback: !cfg.fallbacks.is_empty(),
             shared: s.backends.shared,
             outcomes: Default::default(),
-            last_queue_time: [None, None],
+            last_queue_time: Default::default(),
             spot_seen_healthy: true,
             hc_interval: hc.interval_ms as f64,
             next_hc: 0.0,
@@ -361,8 +361,8 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 let sp = &engines[sp_engine];
                 // vLLM's queue delay as Sluice derives it from two scrapes of the histogram.
                 let mut delay = |pool: usize, e: &Engine| {
-                    let prev = p.last_queue_time[pool].replace((e.queue_time, now));
-                    prev.and_then(|(h, at)| {
+                    let prev = p.last_queue_time[pool].push(now, e.queue_time);
+                    prev.and_then(|(at, h)| {
                         e.queue_time
                             .interval_delay_ms(&h, e.waiting.len() as f64, now - at)
                     })

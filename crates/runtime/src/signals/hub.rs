@@ -1,7 +1,7 @@
 //! The meeting point of background samplers, admin overrides and the request path.
 
 use super::health::PrometheusHealth;
-use super::vllm_text::Histogram;
+use super::vllm_text::{DelaySpan, Histogram};
 use crate::fleet::Routes;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use serde::Serialize;
@@ -41,10 +41,13 @@ pub struct ScrapeRound {
     /// The pool's delay histograms summed over backends (cumulative).
     pub queue_time: Option<Histogram>,
     pub ttft: Option<Histogram>,
-    /// Mean queue delay and TTFT since the previous round, set by [`SignalHub::record_scrape`].
+    /// Mean queue delay and TTFT over at least the delay span, set by
+    /// [`SignalHub::record_scrape`].
     pub queue_time_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
     pub backends: Vec<BackendScrape>,
+    /// The histograms of this round and the ones before it that the span still needs.
+    span: DelaySpan<(Option<Histogram>, Option<Histogram>)>,
 }
 
 impl ScrapeRound {
@@ -63,20 +66,32 @@ impl ScrapeRound {
             queue_time_ms: None,
             ttft_ms: None,
             backends,
+            span: DelaySpan::default(),
         }
     }
 
-    /// The means over the interval since `prev`. A queue nobody left during the whole interval
-    /// while requests wait has a delay of at least the interval, not an unknown one.
+    /// The means since the newest earlier round at least the delay span old
+    /// ([`DELAY_SPAN_MS`](super::vllm_text::DELAY_SPAN_MS)). A queue nobody left during the
+    /// whole interval while requests wait has a delay of at least the interval, not an unknown
+    /// one.
     fn with_delays_since(mut self, prev: Option<&ScrapeRound>) -> Self {
-        let Some(prev) = prev else { return self };
-        let interval = self.at.saturating_sub(prev.at) as f64;
+        let Some(prev) = prev else {
+            self.span.push(self.at as f64, (self.queue_time, self.ttft));
+            return self;
+        };
+        self.span = prev.span.clone();
+        let Some((at, (queue_time, ttft))) =
+            self.span.push(self.at as f64, (self.queue_time, self.ttft))
+        else {
+            return self;
+        };
+        let interval = (self.at as f64 - at).max(0.0);
         let waiting = self.queue_depth.unwrap_or(0.0);
-        self.queue_time_ms = match (self.queue_time, prev.queue_time) {
+        self.queue_time_ms = match (self.queue_time, queue_time) {
             (Some(now), Some(then)) => now.interval_delay_ms(&then, waiting, interval),
             _ => None,
         };
-        self.ttft_ms = match (self.ttft, prev.ttft) {
+        self.ttft_ms = match (self.ttft, ttft) {
             (Some(now), Some(then)) => now.mean_ms_since(&then),
             _ => None,
         };

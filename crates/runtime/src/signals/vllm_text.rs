@@ -7,6 +7,32 @@
 //! cumulative `_sum` and `_count`, summed over series: a mean over an interval is the difference
 //! of two scrapes.
 
+/// The shortest span a delay is read over. A queue served by a few requests per scrape gives a
+/// Little's-law estimate (waiting × interval / served) that swings by multiples between two short
+/// intervals, and the controller extrapolates the growth between readings: so with scrapes
+/// closer together than this the difference is taken against an older scrape.
+pub const DELAY_SPAN_MS: f64 = 500.0;
+
+/// Recent scrapes' cumulative readings, to diff the newest against one at least
+/// [`DELAY_SPAN_MS`] older.
+#[derive(Debug, Clone, Default)]
+pub struct DelaySpan<T> {
+    rounds: std::collections::VecDeque<(f64, T)>,
+}
+
+impl<T: Copy> DelaySpan<T> {
+    /// Records the reading taken at `at_ms` and returns the one to diff it against: the newest
+    /// held at least the span older, else the oldest held (none at the first reading).
+    pub fn push(&mut self, at_ms: f64, reading: T) -> Option<(f64, T)> {
+        while self.rounds.len() > 1 && at_ms - self.rounds[1].0 >= DELAY_SPAN_MS {
+            self.rounds.pop_front();
+        }
+        let base = self.rounds.front().copied();
+        self.rounds.push_back((at_ms, reading));
+        base
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BackendReading {
     /// KV-cache usage as a fraction 0–1.
@@ -180,6 +206,36 @@ vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 9.0\n";
             None,
             "counter reset"
         );
+    }
+
+    #[test]
+    fn delays_are_read_over_at_least_the_span() {
+        // Scrapes 250 ms apart: the first has nothing to diff against, the second only the
+        // first, and from then on each diffs against the newest scrape at least 500 ms older.
+        let mut span = DelaySpan::default();
+        let diffed: Vec<Option<f64>> = [0.0, 250.0, 500.0, 750.0, 1000.0, 1400.0, 3000.0]
+            .into_iter()
+            .map(|at| span.push(at, at).map(|(base, _)| base))
+            .collect();
+        assert_eq!(
+            diffed,
+            [
+                None,
+                Some(0.0),
+                Some(0.0),
+                Some(250.0),
+                Some(500.0),
+                Some(750.0),
+                Some(1400.0)
+            ]
+        );
+        // One request served per 250 ms, 20 waiting: one short interval alone swings between
+        // a stalled queue and 5 s; over the span the estimate is the queue's real 5 s, and one
+        // interval with nobody served no longer reads as a stall.
+        let h = |count: f64| Histogram { sum: count, count };
+        assert_eq!(h(3.0).interval_delay_ms(&h(2.0), 20.0, 250.0), Some(5000.0));
+        assert_eq!(h(3.0).interval_delay_ms(&h(3.0), 20.0, 250.0), Some(250.0));
+        assert_eq!(h(3.0).interval_delay_ms(&h(1.0), 20.0, 500.0), Some(5000.0));
     }
 
     #[test]
