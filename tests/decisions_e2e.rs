@@ -108,6 +108,14 @@ async fn metrics_and_recent_decisions_describe_what_happened() {
             200
         );
     }
+    // Sluice answers the list itself once every pool's models are known (until then it is
+    // proxied); ask only then, so the decision counted is the one this test is about.
+    wait_for(
+        Duration::from_secs(5),
+        "every pool's models known",
+        || async { (s.status().await["routes"]["complete"] == true).then_some(()) },
+    )
+    .await;
     let _ = client()
         .get(s.url("/v1/models"))
         .header("x-tenant-id", "support-bot")
