@@ -75,11 +75,7 @@ impl ScrapeRound {
     /// whole interval while requests wait has a delay of at least the interval, not an unknown
     /// one.
     fn with_delays_since(mut self, prev: Option<&ScrapeRound>) -> Self {
-        let Some(prev) = prev else {
-            self.span.push(self.at as f64, (self.queue_time, self.ttft));
-            return self;
-        };
-        self.span = prev.span.clone();
+        self.span = prev.map(|p| p.span.clone()).unwrap_or_default();
         let Some((at, (queue_time, ttft))) =
             self.span.push(self.at as f64, (self.queue_time, self.ttft))
         else {
@@ -803,6 +799,30 @@ mod tests {
         drop(charges);
         assert_eq!(hub.inflight_work(), [0.0, 0.0]);
         assert!(hub.outstanding_at(3_000).iter().all(Vec::is_empty));
+    }
+
+    #[test]
+    fn the_queue_delay_is_read_over_the_span_not_the_last_interval() {
+        let hub = SignalHub::pair(Clock::new(), 10_000, PolicyRules::default());
+        let round = |at: Millis, sum: f64, count: f64| {
+            let backends = vec![BackendScrape {
+                backend: "a".into(),
+                kv_usage: Some(0.5),
+                waiting: Some(0.0),
+                queue_time: Some(Histogram { sum, count }),
+                ttft: None,
+                error: None,
+            }];
+            hub.record_scrape(0, ScrapeRound::aggregate(at, backends));
+            hub.signals(0, at).queue_time_ms
+        };
+        assert_eq!(round(0, 0.0, 0.0), None, "nothing to diff against yet");
+        assert_eq!(round(250, 1.0, 1.0), Some(1000.0));
+        assert_eq!(round(500, 2.0, 2.0), Some(1000.0));
+        // Scrapes 250 ms apart: the last interval alone (one leaver after 200 ms) would say
+        // 200 ms; over the 500 ms since the scrape at 250 two left, after 1 s and 200 ms.
+        let d = round(750, 2.2, 3.0).unwrap();
+        assert!((d - 600.0).abs() < 1e-6, "{d}");
     }
 
     #[test]
