@@ -373,6 +373,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                     sla_violation_rate: sla_rate,
                     queue_time_ms: delay(ON_DEMAND, od),
                     ttft_ms: None,
+                    itl_ms: None,
                     inflight_work: Some(work[ON_DEMAND]),
                 };
                 let spot = PoolSignals {
@@ -381,6 +382,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                     sla_violation_rate: None,
                     queue_time_ms: delay(SPOT, sp),
                     ttft_ms: None,
+                    itl_ms: None,
                     inflight_work: Some(work[SPOT]),
                 };
                 let [o0, o1] = std::mem::take(&mut p.outcomes);

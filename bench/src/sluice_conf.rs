@@ -338,8 +338,8 @@ mod tests {
         let c2 = parse(&p2, &dir).unwrap();
         assert_eq!(c2.fallbacks.len(), 1);
         assert_eq!(
-            c2.policy_rules().tier(Tier::Guaranteed).sla_target_ms,
-            s.sla_ms.guaranteed
+            c2.policy_rules().tier(Tier::Guaranteed).slo.e2e_ms,
+            Some(s.sla_ms.guaranteed)
         );
         assert!(for_mode(
             &s,

@@ -6,6 +6,7 @@ use serde::Deserialize;
 use sluice_policy::adaptive::AdaptiveTuning;
 use sluice_policy::fallback::FallbackTuning;
 use sluice_policy::pressure::{Threshold, Thresholds};
+use sluice_policy::slo::Slo;
 use sluice_policy::stability::StabilityTuning;
 use sluice_policy::tenant_policy::{PolicyRules, TierRules};
 use sluice_policy::{PolicyMode, Pool, Tier};
@@ -109,6 +110,9 @@ pub struct TenantEntry {
     /// Share of a contended tier relative to the other tenants queued in it (default 1).
     pub weight: f64,
     pub quota: Option<QuotaConfig>,
+    /// The tenant's requests may tighten their TTFT/TPOT targets with `x-llm-d-slo-ttft-ms` /
+    /// `x-llm-d-slo-tpot-ms` (default true).
+    pub slo_headers: bool,
 }
 
 impl TenantEntry {
@@ -117,6 +121,7 @@ impl TenantEntry {
             tier: tier.to_string(),
             weight: 1.0,
             quota: None,
+            slo_headers: true,
         }
     }
 }
@@ -137,10 +142,16 @@ struct TenantDetail {
     weight: f64,
     #[serde(default)]
     quota: Option<QuotaConfig>,
+    #[serde(default = "yes")]
+    slo_headers: bool,
 }
 
 fn one() -> f64 {
     1.0
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl<'de> Deserialize<'de> for TenantEntry {
@@ -156,10 +167,11 @@ impl<'de> Deserialize<'de> for TenantEntry {
                     tier: t.tier,
                     weight: t.weight,
                     quota: t.quota,
+                    slo_headers: t.slo_headers,
                 })
             }
             _ => Err(serde::de::Error::custom(
-                "a tenant is a tier name or a mapping {tier, weight, quota}",
+                "a tenant is a tier name or a mapping {tier, weight, quota, slo_headers}",
             )),
         }
     }
@@ -432,7 +444,11 @@ impl TiersConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TierConfig {
+    /// The prototype's end-to-end target: `slo.e2e_ms` (which wins when both are set).
     pub sla_target_ms: Option<u64>,
+    /// Targets in the units users set them; any subset. Given, it replaces the tier's default
+    /// objective whole (with `sla_target_ms` as its end-to-end target when it sets none).
+    pub slo: Option<SloConfig>,
     /// 0 = unlimited.
     pub inflight_capacity: Option<u32>,
     /// `max_tokens` cap in the Elevated state; `0` disables the degrade step.
@@ -445,6 +461,35 @@ pub struct TierConfig {
     /// `on-demand` or `spot`.
     pub pool: Option<String>,
     pub thresholds: ThresholdsConfig,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SloConfig {
+    pub ttft_ms: Option<u64>,
+    pub tpot_ms: Option<u64>,
+    pub e2e_ms: Option<u64>,
+}
+
+impl TierConfig {
+    /// The tier's objective: `slo` when given, else the end-to-end target alone; `None` leaves
+    /// the built-in default.
+    pub fn objective(&self) -> Option<Slo> {
+        match (self.slo, self.sla_target_ms) {
+            (Some(s), e2e) => Some(Slo {
+                ttft_ms: s.ttft_ms,
+                tpot_ms: s.tpot_ms,
+                e2e_ms: s.e2e_ms.or(e2e),
+            }),
+            (None, Some(e2e)) => Some(Slo::e2e(e2e)),
+            (None, None) => None,
+        }
+    }
+
+    /// Set both `slo.e2e_ms` and `sla_target_ms`: `sluice check` says which is in force.
+    pub fn e2e_conflict(&self) -> Option<(u64, u64)> {
+        self.slo.and_then(|s| s.e2e_ms).zip(self.sla_target_ms)
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -758,7 +803,7 @@ pub(crate) fn policy_rules(cfg: &Config) -> PolicyRules {
                 Some(_) => Pool::OnDemand,
                 None => d.preferred_pool,
             },
-            sla_target_ms: c.sla_target_ms.unwrap_or(d.sla_target_ms),
+            slo: c.objective().unwrap_or(d.slo),
             inflight_capacity: c.inflight_capacity.unwrap_or(d.inflight_capacity),
         }
     });

@@ -19,6 +19,8 @@ pub struct Identity {
     /// Share of a contended tier (`tenants.<name>.weight`; 1 for unknown tenants).
     pub weight: f64,
     pub quota: Option<QuotaConfig>,
+    /// Its requests may tighten their TTFT/TPOT targets by header (`tenants.<name>.slo_headers`).
+    pub slo_headers: bool,
 }
 
 /// What the directory knows of a configured tenant.
@@ -27,6 +29,7 @@ struct Known {
     tier: Tier,
     weight: f64,
     quota: Option<QuotaConfig>,
+    slo_headers: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -49,6 +52,7 @@ impl TenantDirectory {
                     tier: Tier::parse(&t.tier)?,
                     weight: t.weight,
                     quota: t.quota,
+                    slo_headers: t.slo_headers,
                 };
                 Some((name.clone(), known))
             })
@@ -108,6 +112,7 @@ impl TenantDirectory {
             tier,
             weight: 1.0,
             quota: None,
+            slo_headers: true,
         };
         Ok(known.identity(name.unwrap_or(ANONYMOUS), false))
     }
@@ -138,6 +143,7 @@ impl Known {
             via_api_key,
             weight: self.weight,
             quota: self.quota,
+            slo_headers: self.slo_headers,
         }
     }
 }

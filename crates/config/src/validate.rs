@@ -171,6 +171,26 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
             }
         }
         let r = rules.tier(tier);
+        if let Some(slo) = &t.slo {
+            for (name, v) in [
+                ("ttft_ms", slo.ttft_ms),
+                ("tpot_ms", slo.tpot_ms),
+                ("e2e_ms", slo.e2e_ms),
+            ] {
+                if v == Some(0) {
+                    return err(
+                        &format!("{base}.slo.{name}"),
+                        "0 ms is a target nothing meets; leave the key out to not judge it".into(),
+                    );
+                }
+            }
+        }
+        if t.sla_target_ms == Some(0) {
+            return err(
+                &format!("{base}.sla_target_ms"),
+                "0 ms is a target nothing meets; leave the key out to not judge it".into(),
+            );
+        }
         if let (Some(b), Some(cap)) = (r.brownout_max_tokens, r.max_tokens_cap) {
             if b >= cap {
                 return err(

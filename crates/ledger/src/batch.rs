@@ -126,6 +126,17 @@ const DECISION_COLUMNS: &[(&str, Extract)] = &[
         Extract::Int8(|r| r.sla_target_ms.map(i64_of)),
     ),
     ("sla_violated", Extract::Bool(|r| r.sla_violated)),
+    ("ttft_ms", Extract::Float8(|r| r.ttft_ms)),
+    ("tpot_ms", Extract::Float8(|r| r.tpot_ms)),
+    (
+        "ttft_target_ms",
+        Extract::Int8(|r| r.ttft_target_ms.map(i64_of)),
+    ),
+    (
+        "tpot_target_ms",
+        Extract::Int8(|r| r.tpot_target_ms.map(i64_of)),
+    ),
+    ("slo_missed", Extract::Text(|r| r.slo_missed.as_deref())),
     ("signal_pressure", Extract::Float8(|r| r.signals.pressure)),
     (
         "signal_queue_depth",

@@ -467,6 +467,13 @@ pub(super) fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
         completion_tokens: u64_of(r.try_get("completion_tokens")?),
         sla_target_ms: u64_of(r.try_get("sla_target_ms")?),
         sla_violated: r.try_get("sla_violated")?,
+        ttft_ms: r.try_get("ttft_ms")?,
+        tpot_ms: r.try_get("tpot_ms")?,
+        ttft_target_ms: u64_of(r.try_get("ttft_target_ms")?),
+        tpot_target_ms: u64_of(r.try_get("tpot_target_ms")?),
+        slo_missed: r
+            .try_get::<_, Option<String>>("slo_missed")?
+            .map(Into::into),
         signals: SignalsRow {
             pressure: r.try_get("signal_pressure")?,
             queue_depth: r.try_get("signal_queue_depth")?,

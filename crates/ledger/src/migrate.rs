@@ -26,6 +26,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "binary_inputs",
         include_str!("migrations/0004_binary_inputs.sql"),
     ),
+    (
+        5,
+        "slo_dimensions",
+        include_str!("migrations/0005_slo_dimensions.sql"),
+    ),
 ];
 
 /// The advisory-lock key of a schema: stable across processes and builds (not Rust's hasher).

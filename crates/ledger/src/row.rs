@@ -70,6 +70,11 @@ pub fn sanitized(r: &DecisionRecord) -> LedgerRow {
             completion_tokens: r.completion_tokens,
             sla_target_ms: r.sla_target_ms,
             sla_violated: r.sla_violated,
+            ttft_ms: r.ttft_ms.filter(|v| v.is_finite()),
+            tpot_ms: r.tpot_ms.filter(|v| v.is_finite()),
+            ttft_target_ms: r.ttft_target_ms,
+            tpot_target_ms: r.tpot_target_ms,
+            slo_missed: r.slo_missed.as_ref().map(name),
             signals: SignalsRow {
                 pressure: r.signals.pressure,
                 queue_depth: r.signals.queue_depth,
@@ -152,6 +157,11 @@ mod tests {
             completion_tokens: Some(256),
             sla_target_ms: Some(1000),
             sla_violated: Some(false),
+            ttft_ms: None,
+            tpot_ms: None,
+            ttft_target_ms: None,
+            tpot_target_ms: None,
+            slo_missed: None,
             signals: SignalsUsed {
                 pressure: Some(75.0),
                 queue_depth: Some(0.0),

@@ -25,6 +25,7 @@
 //! worse of Sluice's own end-to-end latencies over a short window and vLLM's queue delay on
 //! that pool. Everything here is pure: outcomes and signals come in with their times.
 
+use crate::slo::{Dim, Slo};
 use crate::tenant_policy::PolicyRules;
 pub use crate::tuning::AdaptiveTuning;
 use crate::types::{Millis, Pool, PoolSignals, Tier};
@@ -130,6 +131,14 @@ pub struct Outcome {
     pub tier: Tier,
     /// End-to-end latency of a served request; `None` for the arrival.
     pub latency_ms: Option<f64>,
+    /// A streamed request's time to first token; for one still running, when its first token
+    /// came (`None` while it has not).
+    pub ttft_ms: Option<f64>,
+    /// A streamed request's time per output token after the first.
+    pub tpot_ms: Option<f64>,
+    /// Completion tokens of a served request, when its usage was read.
+    pub tokens: Option<u64>,
+    pub stream: bool,
     /// The request failed (5xx, timeout): counted as a missed target.
     pub failed: bool,
     /// A request still outstanding at `at` (sent to the pool, not yet answered), reported at
@@ -145,6 +154,10 @@ impl Outcome {
             at,
             tier,
             latency_ms: None,
+            ttft_ms: None,
+            tpot_ms: None,
+            tokens: None,
+            stream: false,
             failed: false,
             pending: false,
         }
@@ -172,6 +185,56 @@ impl Outcome {
             pending: true,
             ..Self::served(at, tier, age_ms)
         }
+    }
+
+    /// The same request, streamed: its first token at `ttft_ms` (for a running one, `None`
+    /// until it came) and its pace after it.
+    pub fn streamed(self, ttft_ms: Option<f64>, tpot_ms: Option<f64>) -> Self {
+        Outcome {
+            stream: true,
+            ttft_ms,
+            tpot_ms,
+            ..self
+        }
+    }
+
+    /// The same request with its completion tokens counted.
+    pub fn with_tokens(self, tokens: Option<u64>) -> Self {
+        Outcome { tokens, ..self }
+    }
+
+    /// This request's reading on each dimension of `slo`, as a share of its target (by
+    /// [`Dim::index`]; `None` where the dimension is not set or says nothing of it). A whole
+    /// (non-streamed) answer's TTFT is the first token it would have needed to keep the
+    /// stream's deadline (`slo`'s TPOT for every later token): met exactly when that deadline
+    /// is. A running request counts at its age on the dimensions its age bounds.
+    fn ratios(&self, slo: &Slo) -> [Option<f64>; 3] {
+        let Some(latency) = self.latency_ms else {
+            return [None; 3];
+        };
+        let per = |d: Dim, v: Option<f64>| {
+            let t = slo.get(d)?.max(1) as f64;
+            if self.failed {
+                return Some(f64::INFINITY);
+            }
+            v.map(|v| v / t)
+        };
+        let ttft = if self.stream {
+            self.ttft_ms.or(Some(latency).filter(|_| self.pending))
+        } else if self.pending {
+            None
+        } else {
+            slo.tpot_ms.map(|tpot| {
+                let later = self.tokens.unwrap_or(1).saturating_sub(1) as f64;
+                (latency - tpot as f64 * later).max(0.0)
+            })
+        };
+        let tpot = self.tpot_ms.filter(|_| self.stream && !self.pending);
+        [
+            per(Dim::Ttft, ttft),
+            per(Dim::Tpot, tpot),
+            per(Dim::E2e, Some(latency)),
+        ]
     }
 }
 
@@ -231,6 +294,8 @@ pub struct PoolControl {
     /// Per tier: its unloaded latency is at or above its target, so no shedding can get it
     /// there; it never raises the level (reported, and warned about once).
     pub unattainable: [bool; 3],
+    /// Per tier and dimension (by [`Tier::index`], [`Dim::index`]): its reading on this pool.
+    pub dims: [[DimReading; 3]; 3],
     /// Nothing has queued in vLLM and its cache has stayed below `idle_pressure_below` for
     /// `idle_release_ms`: the level is 0 and stays there while this holds.
     pub idle: bool,
@@ -253,6 +318,7 @@ impl PoolControl {
             inflight_work: None,
             unloaded_ms: [None; 3],
             unattainable: [false; 3],
+            dims: [[DimReading::default(); 3]; 3],
             idle: false,
         }
     }
@@ -281,6 +347,40 @@ impl PoolControl {
     }
 }
 
+/// One tier's reading on one dimension of its objective, for `/status` and the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DimReading {
+    pub target_ms: Option<u64>,
+    /// The share of the dimension's budget still unspent (window reading, else the leading one).
+    pub headroom: Option<f64>,
+    /// The tier's quantile on this dimension over the window (ms).
+    pub observed_ms: Option<f64>,
+    /// The same over the requests since the last rise, running ones counted at their age.
+    pub lead_ms: Option<f64>,
+    /// Its learned unloaded value on this pool (ms).
+    pub unloaded_ms: Option<f64>,
+    /// The unloaded value is at or above the target: no admission decision can meet it.
+    pub unattainable: bool,
+    /// Share of the window's requests over the target on this dimension.
+    pub missed: f64,
+}
+
+/// Per tier, one value of its first dimension in force (end to end, else TTFT, else TPOT):
+/// the single-number fields `/status` has always shown.
+fn primary(
+    dims: &[[DimReading; 3]; 3],
+    rules: &PolicyRules,
+    get: impl Fn(&DimReading) -> Option<f64>,
+) -> [Option<f64>; 3] {
+    Tier::ALL.map(|t| {
+        let slo = rules.tier(t).slo;
+        [Dim::E2e, Dim::Ttft, Dim::Tpot]
+            .into_iter()
+            .find(|d| slo.get(*d).is_some())
+            .and_then(|d| get(&dims[t.index()][d.index()]))
+    })
+}
+
 /// Shares of one tier's requests that are capped, capped deeper (brownout), moved to the
 /// fallback, shed. A request with ticket `u` (uniform in [0, 1)) is shed if `u < shed`, else
 /// moved if `u < fallback`, and capped at the brownout cap if `u < brownout`, else at the cap
@@ -303,17 +403,17 @@ pub struct PoolController {
     /// level in force (older ones would push it up again for a load already shed). Falling
     /// keeps the evidence: answers that were good at a stricter level stay good news.
     last_change: Millis,
-    /// Per tier: (end, start, latency / target or None for a refusal).
-    recent: [VecDeque<(Millis, Millis, Option<f64>)>; 3],
+    /// Per tier: (end, start, each dimension's reading / target, `None` where it has none).
+    recent: [VecDeque<(Millis, Millis, [Option<f64>; 3])>; 3],
     work: WorkLimit,
     /// Since when vLLM's waiting queue on this pool has been empty (none while it queues).
     drained_since: Option<Millis>,
     /// Since when the pool has been idle: nothing waiting in vLLM and KV usage below
     /// `idle_pressure_below`.
     idle_since: Option<Millis>,
-    /// Per tier: its unloaded latency on this pool in ms, a slowly moving minimum of its
-    /// latency quantile ([`Baseline`]).
-    baseline: [Baseline; 3],
+    /// Per tier and dimension: its unloaded value on this pool in ms, a slowly moving minimum
+    /// of its quantile ([`Baseline`]).
+    baseline: [[Baseline; 3]; 3],
     last_sample: Option<Millis>,
     /// vLLM's queue delay at the previous sample, for its growth.
     last_delay: Option<f64>,
@@ -412,24 +512,20 @@ impl PoolController {
         outcomes: &[Outcome],
         now: Millis,
     ) -> PoolControl {
-        // Requests still running, by tier: (start, age so far / target), this sample only.
-        let mut pending: [Vec<(Millis, f64)>; 3] = Default::default();
+        // Requests still running, by tier: (start, age so far / target per dimension), this
+        // sample only.
+        let mut pending: [Vec<(Millis, [Option<f64>; 3])>; 3] = Default::default();
         for o in outcomes {
-            let target = rules.tier(o.tier).sla_target_ms.max(1) as f64;
-            let ratio = match (o.latency_ms, o.failed) {
-                (_, true) => Some(f64::INFINITY),
-                (Some(l), false) => Some(l / target),
-                (None, false) => None,
-            };
+            let ratios = o.ratios(&rules.tier(o.tier).slo);
             let started = o.at.saturating_sub(o.latency_ms.unwrap_or(0.0) as Millis);
             if o.pending {
-                if let Some(r) = ratio {
-                    pending[o.tier.index()].push((started, r));
+                if o.latency_ms.is_some() {
+                    pending[o.tier.index()].push((started, ratios));
                 }
                 continue;
             }
             let q = &mut self.recent[o.tier.index()];
-            q.push_back((o.at, started, ratio));
+            q.push_back((o.at, started, ratios));
             if q.len() > RECENT_MAX {
                 q.pop_front();
             }
@@ -476,6 +572,155 @@ impl PoolController {
             self.drained_since = Some(now);
         }
         let drained = self.drained_since;
+        // Readings per tier and dimension, as shares of its target. Rising looks only at
+        // requests that started after the last rise (older ones describe a load already shed);
+        // relaxing looks at the whole window, because just after a rise only the quick requests
+        // have finished, and their good news would undo the rise before the slow ones report.
+        // Headroom is the share of a dimension's budget (target less the tier's unloaded value)
+        // that is still unspent: 1 on an unloaded fleet whatever the target, 0 once queueing
+        // (TTFT, end to end) or the batch's growth (TPOT) has eaten the whole budget. A tier's
+        // reading is its shortest dimension's.
+        let mut dims = [[DimReading::default(); 3]; 3];
+        let mut headroom = [None; 3];
+        let mut relax_headroom = [None; 3];
+        let mut fresh_headroom = [None; 3];
+        let mut drained_headroom: [Option<f64>; 3] = [None; 3];
+        let mut pace_headroom: [Option<f64>; 3] = [None; 3];
+        let mut missing = [0.0f64; 3];
+        let mut unattainable = [false; 3];
+        let min = |a: Option<f64>, b: Option<f64>| either(a, b, f64::min);
+        for tier in Tier::ALL {
+            let slo = rules.tier(tier).slo;
+            let q = &self.recent[tier.index()];
+            let running = &pending[tier.index()];
+            let mut any_attainable = false;
+            for dim in slo.dims() {
+                let di = dim.index();
+                let target = slo.get(dim).unwrap_or(1).max(1) as f64;
+                let quantile_at = |since: Millis, level: f64| {
+                    quantile_of(
+                        started_since(q, since, di).collect(),
+                        level,
+                        tuning.min_samples,
+                    )
+                };
+                let quantile = |since: Millis| quantile_at(since, tuning.quantile);
+                // vLLM's own pace stands in for TPOT while this tier has too few streams of its
+                // own: it decodes every request in the batch at one pace.
+                let pace = signals
+                    .itl_ms
+                    .filter(|v| dim == Dim::Tpot && v.is_finite())
+                    .map(|v| v / target);
+                let whole = quantile(0).or(pace);
+                // The baseline takes a quantile of a few requests only when it has a few more
+                // than the controller's readings need: the minimum of small samples is biased low.
+                let sampled = |since: Millis| {
+                    let v = started_since(q, since, di).collect();
+                    quantile_of(
+                        v,
+                        tuning.quantile,
+                        tuning.min_samples.max(BASELINE_MIN_SAMPLES),
+                    )
+                    .or(pace)
+                };
+                let b = &mut self.baseline[tier.index()][di];
+                b.learn(
+                    self.drained_since.and_then(sampled).map(|r| r * target),
+                    dt,
+                    tuning.baseline_half_life_ms,
+                );
+                let base = b.ms.map_or(0.0, |ms| ms / target);
+                let out_of_reach = base >= 1.0;
+                any_attainable |= !out_of_reach;
+                let slack = (1.0 - base).max(MIN_SLACK);
+                // The share of the budget left once `observed` (and vLLM's queue delay, which a
+                // request arriving now meets on top) is spent.
+                let spend = |observed: f64, delay: f64| {
+                    (1.0 - ((observed - base) + delay) / slack).max(-10.0)
+                };
+                // The queue delay spends the first token's budget (and the whole request's),
+                // never the pace; and only of a tier that sends traffic to this pool. Latencies
+                // arriving now were mostly queued before the current delay built up, so a new
+                // request is expected to see both: the observed quantile plus today's wait.
+                let delay = if dim == Dim::Tpot {
+                    None
+                } else if tier == Tier::Guaranteed {
+                    g_delay_ms
+                } else {
+                    delay_ms
+                }
+                .filter(|_| !q.is_empty())
+                .map(|d| d / target);
+                // Without readings of its own a tier can only be told "short" (vLLM makes
+                // everyone wait), never "plenty": an empty queue says nothing of service times.
+                let room = |observed: Option<f64>| match (observed, delay) {
+                    (Some(o), d) => Some(spend(o, d.unwrap_or(0.0))),
+                    (None, Some(d)) if d > 0.0 => Some(spend(base, d)),
+                    (None, _) => None,
+                };
+                let served: Vec<f64> = q.iter().filter_map(|(_, _, r)| r[di]).collect();
+                let missed = if served.is_empty() {
+                    0.0
+                } else {
+                    served.iter().filter(|r| **r > 1.0).count() as f64 / served.len() as f64
+                };
+                // Until requests admitted after the rise report, the window's median stands in
+                // for their service time (the queue delay is added on top), but only while vLLM
+                // still queues: then the contention that produced it is still there. The
+                // median, not the quantile: the slow tail of the old answers is the queueing the
+                // delay already counts.
+                let queuing = delay_ms.is_some_and(|d| d > 0.0);
+                let fresh = quantile(self.last_change)
+                    .or_else(|| quantile_at(0, 0.5).filter(|_| queuing))
+                    .or(pace);
+                // The leading reading: the same quantile with the requests still running counted
+                // at their age so far (a lower bound on their latency, or on their first
+                // token's while it has not come). A request stuck in a queue shows here from the
+                // moment it is older than the margin, not when it ends.
+                let lead = censored_quantile(q, running, self.last_change, tuning, di)
+                    .filter(|_| tuning.lead);
+                let rise = either(room(fresh), lead.map(|l| spend(l, 0.0)), f64::min);
+                // Relaxing needs readings: a queue delay alone never proves there is room.
+                let relax = whole.and(room(whole));
+                let since_rise = quantile(self.last_change).or(pace);
+                let fresh_room = since_rise.and(room(since_rise));
+                // Since vLLM's queue emptied: what the requests admitted into an empty queue
+                // report, finished or still running at their age so far.
+                let drained_room = drained
+                    .and_then(|since| censored_quantile(q, running, since, tuning, di).or(pace))
+                    .map(|r| spend(r, 0.0));
+                dims[tier.index()][di] = DimReading {
+                    target_ms: slo.get(dim),
+                    headroom: relax.or(rise),
+                    observed_ms: whole.map(|r| r * target),
+                    lead_ms: lead.map(|r| r * target),
+                    unloaded_ms: b.ms,
+                    unattainable: out_of_reach,
+                    missed,
+                };
+                if out_of_reach {
+                    continue;
+                }
+                let t = tier.index();
+                headroom[t] = min(headroom[t], rise);
+                relax_headroom[t] = min(relax_headroom[t], relax);
+                fresh_headroom[t] = min(fresh_headroom[t], fresh_room);
+                drained_headroom[t] = min(drained_headroom[t], drained_room);
+                missing[t] = missing[t].max(missed);
+                if dim == Dim::Tpot {
+                    pace_headroom[t] = rise;
+                }
+            }
+            unattainable[tier.index()] = !slo.is_empty() && !any_attainable;
+        }
+        let recent = &self.recent;
+        let has_traffic = |t: Tier| !recent[t.index()].is_empty() || !pending[t.index()].is_empty();
+        // The batch's own pace eating a tier's TPOT budget is evidence as a queue is: shedding
+        // and capping shrink the batch, and its pace with it. While it is short, the pool is
+        // neither calm nor idle.
+        let pace_short = Tier::ALL.into_iter().any(|t| {
+            has_traffic(t) && pace_headroom[t.index()].is_some_and(|h| h < tuning.escalate_below)
+        });
         // Idle: nothing waits in vLLM and its cache is far from full. Whatever the latencies
         // say, shedding or shaping then cannot make anyone faster (nothing queues to be cut),
         // so after `idle_release_ms` of it every request is let through as it is.
@@ -483,7 +728,7 @@ impl PoolController {
             .pressure
             .zip(tuning.idle_pressure_below)
             .is_some_and(|(p, below)| p < below);
-        if !(no_queue && low_kv) {
+        if !(no_queue && low_kv) || pace_short {
             self.idle_since = None;
         } else if self.idle_since.is_none() {
             self.idle_since = Some(now);
@@ -491,103 +736,6 @@ impl PoolController {
         let idle = self
             .idle_since
             .is_some_and(|t| now.saturating_sub(t) >= tuning.idle_release_ms);
-        // Readings per tier, as shares of its target. Rising looks only at requests that
-        // started after the last rise (older ones describe a load already shed); relaxing
-        // looks at the whole window, because just after a rise only the quick requests have
-        // finished, and their good news would undo the rise before the slow ones report.
-        // Headroom is the share of the tier's queueing budget (target less its unloaded
-        // latency) that is still unspent: 1 on an unloaded fleet whatever the target, 0 when
-        // queueing has eaten the whole budget.
-        let mut latency_ms = [None; 3];
-        let mut headroom = [None; 3];
-        let mut relax_headroom = [None; 3];
-        let mut fresh_headroom = [None; 3];
-        let mut drained_headroom: [Option<f64>; 3] = [None; 3];
-        let mut missing = [0.0; 3];
-        let mut lead_ratio: [Option<f64>; 3] = [None; 3];
-        let mut unloaded_ms = [None; 3];
-        let mut unattainable = [false; 3];
-        for tier in Tier::ALL {
-            let target = rules.tier(tier).sla_target_ms.max(1) as f64;
-            let q = &self.recent[tier.index()];
-            let quantile_at = |since: Millis, level: f64| {
-                quantile_of(started_since(q, since).collect(), level, tuning.min_samples)
-            };
-            let quantile = |since: Millis| quantile_at(since, tuning.quantile);
-            let whole = quantile(0);
-            // The baseline takes a quantile of a few requests only when it has a few more than
-            // the controller's readings need: the minimum of small samples is biased low.
-            let sampled = |since: Millis| {
-                let v = started_since(q, since).collect();
-                quantile_of(
-                    v,
-                    tuning.quantile,
-                    tuning.min_samples.max(BASELINE_MIN_SAMPLES),
-                )
-            };
-            let b = &mut self.baseline[tier.index()];
-            b.learn(
-                self.drained_since.and_then(sampled).map(|r| r * target),
-                dt,
-                tuning.baseline_half_life_ms,
-            );
-            let base = b.ms.map_or(0.0, |ms| ms / target);
-            unloaded_ms[tier.index()] = b.ms;
-            unattainable[tier.index()] = base >= 1.0;
-            let slack = (1.0 - base).max(MIN_SLACK);
-            // The share of the budget left once `observed` (and vLLM's queue delay, which a
-            // request arriving now meets on top) is spent.
-            let spend =
-                |observed: f64, delay: f64| (1.0 - ((observed - base) + delay) / slack).max(-10.0);
-            // The queue delay only concerns a tier that sends traffic to this pool. Latencies
-            // that are arriving now were mostly queued before the current delay built up, so a
-            // new request is expected to see both: the observed quantile plus today's wait.
-            let delay = if tier == Tier::Guaranteed {
-                g_delay_ms
-            } else {
-                delay_ms
-            }
-            .filter(|_| !q.is_empty())
-            .map(|d| d / target);
-            // Without latencies of its own a tier's reading can only say "short" (vLLM makes
-            // everyone wait), never "plenty": an empty queue says nothing of service times.
-            let room = |observed: Option<f64>| match (observed, delay) {
-                (Some(o), d) => Some(spend(o, d.unwrap_or(0.0))),
-                (None, Some(d)) if d > 0.0 => Some(spend(base, d)),
-                (None, _) => None,
-            };
-            let served: Vec<f64> = q.iter().filter_map(|(_, _, r)| *r).collect();
-            if !served.is_empty() {
-                missing[tier.index()] =
-                    served.iter().filter(|r| **r > 1.0).count() as f64 / served.len() as f64;
-            }
-            // Until requests admitted after the rise report, the window's median stands in for
-            // their service time (the queue delay is added on top), but only while vLLM still
-            // queues: then the contention that produced it is still there. The median, not the
-            // quantile: the slow tail of the old answers is the queueing the delay already counts.
-            let queuing = delay_ms.is_some_and(|d| d > 0.0);
-            let fresh =
-                quantile(self.last_change).or_else(|| quantile_at(0, 0.5).filter(|_| queuing));
-            // The leading reading: the same quantile with the requests still running counted
-            // at their age so far (a lower bound on their latency). A request stuck in a queue
-            // shows here from the moment it is older than the margin, not when it ends.
-            let lead = censored_quantile(q, &pending[tier.index()], self.last_change, tuning);
-            let lead = lead.filter(|_| tuning.lead);
-            lead_ratio[tier.index()] = lead;
-            latency_ms[tier.index()] = whole.map(|r| r * target);
-            headroom[tier.index()] = either(room(fresh), lead.map(|l| spend(l, 0.0)), f64::min);
-            // Relaxing needs latencies: a queue delay alone never proves there is room.
-            relax_headroom[tier.index()] = whole.and(room(whole));
-            let since_rise = quantile(self.last_change);
-            fresh_headroom[tier.index()] = since_rise.and(room(since_rise));
-            // Since vLLM's queue emptied: what the requests admitted into an empty queue
-            // report, finished or still running at their age so far.
-            drained_headroom[tier.index()] = drained
-                .and_then(|since| censored_quantile(q, &pending[tier.index()], since, tuning))
-                .map(|r| spend(r, 0.0));
-        }
-        let recent = &self.recent;
-        let has_traffic = |t: Tier| !recent[t.index()].is_empty() || !pending[t.index()].is_empty();
         let protects = |i: usize, t: Tier| {
             let s = steps[i];
             match s.kind {
@@ -635,7 +783,7 @@ impl PoolController {
         // returns in front of Guaranteed (seen live on one shared backend). So calm needs the
         // queue empty at two samples in a row.
         let settled = drained.is_some_and(|t| t < now);
-        let calm = no_queue && settled && !full;
+        let calm = no_queue && settled && !full && !pace_short;
         let mut moved = Movement::Hold;
         if let Some(kind) = rail {
             let floor = rail_level(&steps);
@@ -754,10 +902,8 @@ impl PoolController {
             level: self.level,
             steps,
             headroom: shown,
-            latency_ms,
-            lead_ms: Tier::ALL.map(|t| {
-                lead_ratio[t.index()].map(|r| r * rules.tier(t).sla_target_ms.max(1) as f64)
-            }),
+            latency_ms: primary(&dims, rules, |r| r.observed_ms),
+            lead_ms: primary(&dims, rules, |r| r.lead_ms),
             delay_ms,
             rail,
             shaping: full && rail.is_none(),
@@ -765,7 +911,8 @@ impl PoolController {
             saturated,
             work_limit,
             inflight_work: signals.inflight_work,
-            unloaded_ms,
+            unloaded_ms: primary(&dims, rules, |r| r.unloaded_ms),
+            dims,
             unattainable,
             idle,
         }
@@ -786,28 +933,30 @@ fn either(a: Option<f64>, b: Option<f64>, join: fn(f64, f64) -> f64) -> Option<f
 /// underestimates the quantile those requests will end with, and it sees a queue build up while
 /// the requests stuck in it are still waiting. `None` below `min_samples`.
 fn censored_quantile(
-    finished: &VecDeque<(Millis, Millis, Option<f64>)>,
-    pending: &[(Millis, f64)],
+    finished: &VecDeque<(Millis, Millis, [Option<f64>; 3])>,
+    pending: &[(Millis, [Option<f64>; 3])],
     since: Millis,
     tuning: &AdaptiveTuning,
+    dim: usize,
 ) -> Option<f64> {
     let running = pending
         .iter()
         .filter(|(started, _)| *started >= since)
-        .map(|(_, r)| *r);
-    let v = started_since(finished, since).chain(running).collect();
+        .filter_map(|(_, r)| r[dim]);
+    let v = started_since(finished, since, dim).chain(running).collect();
     quantile_of(v, tuning.quantile, tuning.min_samples)
 }
 
-/// The latency ratios of the finished requests that started at or after `since`.
+/// Dimension `dim`'s readings of the finished requests that started at or after `since`.
 fn started_since(
-    finished: &VecDeque<(Millis, Millis, Option<f64>)>,
+    finished: &VecDeque<(Millis, Millis, [Option<f64>; 3])>,
     since: Millis,
+    dim: usize,
 ) -> impl Iterator<Item = f64> + '_ {
     finished
         .iter()
         .filter(move |(_, started, _)| *started >= since)
-        .filter_map(|(_, _, r)| *r)
+        .filter_map(move |(_, _, r)| r[dim])
 }
 
 /// The `level` quantile of `v`; `None` below `min_samples` values.
@@ -1238,7 +1387,7 @@ mod tests {
             (Tier::Standard, unloaded * x),
             (Tier::BestEffort, unloaded * x),
         ] {
-            rules.tiers[tier.index()].sla_target_ms = ms as u64;
+            rules.tiers[tier.index()].slo = crate::slo::Slo::e2e(ms as u64);
         }
         let t = AdaptiveTuning::default();
         let mut c = PoolController::new();
@@ -1266,7 +1415,9 @@ mod tests {
                 at,
             );
         }
-        assert!(c.baseline[0].ms.is_some_and(|b| (b - unloaded).abs() < 1.0));
+        assert!(c.baseline[0][Dim::E2e.index()]
+            .ms
+            .is_some_and(|b| (b - unloaded).abs() < 1.0));
         for _ in 0..10 {
             at += 500;
             let late = all(at, 2.0 * unloaded * x);
@@ -1443,7 +1594,7 @@ mod tests {
     #[test]
     fn a_target_below_the_unloaded_latency_is_reported_and_sheds_nobody() {
         let mut rules = PolicyRules::default();
-        rules.tiers[Tier::Guaranteed.index()].sla_target_ms = 1000;
+        rules.tiers[Tier::Guaranteed.index()].slo = crate::slo::Slo::e2e(1000);
         let t = AdaptiveTuning::default();
         let mut c = PoolController::new();
         let sig = |waiting: f64| PoolSignals {

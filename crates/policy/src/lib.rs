@@ -20,6 +20,7 @@ pub mod fleet;
 pub mod pressure;
 pub mod reason;
 pub mod routing;
+pub mod slo;
 pub mod stability;
 mod state;
 pub mod tenant_policy;

@@ -73,6 +73,7 @@ reasons! {
     RouteNoSpotPool => "route_no_spot_pool": "No spot pool serves the requested model: routed to its on-demand pool.",
     ModelsListed => "models_listed": "GET /v1/models answered by Sluice: the models every pool serves.",
     ClientGone => "client_gone": "The client went away while its request waited in the queue: it leaves the queue and is never sent.",
+    RejectSloUnattainable => "reject_slo_unattainable": "Adaptive mode: the pool's queue delay and prefill already put this request's first token past its TTFT target (its tier's, or a tighter one it asked for): refused before it costs GPU time. Never Guaranteed.",
 }
 
 impl Reason {

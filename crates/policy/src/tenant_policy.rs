@@ -6,6 +6,7 @@
 use crate::fallback::FallbackTuning;
 use crate::pressure::{Threshold, Thresholds};
 use crate::reason::Reason;
+use crate::slo::Slo;
 use crate::tuning::{AdaptiveTuning, StabilityTuning};
 use crate::types::{PolicyMode, Pool, PressureState, Tier, TierState};
 
@@ -23,7 +24,9 @@ pub struct TierRules {
     /// May be rewritten to the fallback model under sustained pressure.
     pub fallback_eligible: bool,
     pub preferred_pool: Pool,
-    pub sla_target_ms: u64,
+    /// The tier's objective: TTFT, TPOT and end-to-end targets, any subset
+    /// (`tiers.<tier>.slo`; `sla_target_ms` is its end-to-end target).
+    pub slo: Slo,
     /// In-flight requests across the tier; 0 = unlimited.
     pub inflight_capacity: u32,
 }
@@ -91,7 +94,7 @@ impl Default for PolicyRules {
             queue_eligible: false,
             fallback_eligible: false,
             preferred_pool: Pool::OnDemand,
-            sla_target_ms: 2000,
+            slo: Slo::e2e(2000),
             inflight_capacity: 0,
         };
         let standard = TierRules {
@@ -105,7 +108,7 @@ impl Default for PolicyRules {
             queue_eligible: true,
             fallback_eligible: true,
             preferred_pool: Pool::OnDemand,
-            sla_target_ms: 1000,
+            slo: Slo::e2e(1000),
             inflight_capacity: 0,
         };
         let best_effort = TierRules {
@@ -119,7 +122,7 @@ impl Default for PolicyRules {
             queue_eligible: false,
             fallback_eligible: false,
             preferred_pool: Pool::Spot,
-            sla_target_ms: 500,
+            slo: Slo::e2e(500),
             inflight_capacity: 0,
         };
         PolicyRules {

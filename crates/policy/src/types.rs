@@ -104,6 +104,8 @@ pub struct PoolSignals {
     pub queue_time_ms: Option<f64>,
     /// Mean of `vllm:time_to_first_token_seconds` over the interval, in ms.
     pub ttft_ms: Option<f64>,
+    /// Mean of `vllm:inter_token_latency_seconds` over the interval, in ms: the pool's pace.
+    pub itl_ms: Option<f64>,
     /// Sluice's own estimated work in flight on the pool (KV tokens), adaptive mode's gate.
     pub inflight_work: Option<f64>,
 }

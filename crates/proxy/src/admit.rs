@@ -9,7 +9,9 @@ use super::ProxyState;
 use crate::shaping::{self, Priority, Rewrite, Shaped};
 use bytes::{Bytes, BytesMut};
 use pingora::prelude::*;
-use sluice_policy::{Action, Pool, PoolSignals, Reason, RequestFacts, Tier};
+use sluice_policy::slo::{self, Slo};
+use sluice_policy::tenant_policy::PolicyRules;
+use sluice_policy::{Action, PolicyState, Pool, PoolSignals, Reason, RequestFacts, Tier};
 use sluice_record::Verdict;
 use sluice_runtime::admission::{Admission, Claim, QueueParams};
 use sluice_runtime::fleet::Route;
@@ -167,6 +169,7 @@ async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx
     };
     decide(app, ctx, &snap, route, &rules, tier, shapeable);
     let state = snap.domain(route.domain);
+    ctx.slo = objective(session, ctx, &rules, tier);
     if ctx.label == Some(Verdict::Pass) && ctx.quota.as_ref().is_some_and(|q| q.demoted()) {
         ctx.reason = Some(Reason::DemoteQuotaExceeded);
     }
@@ -176,6 +179,9 @@ async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx
             pool,
             sluice_policy::adaptive::Outcome::arrival(decided_at, tier),
         );
+    }
+    if let Some(r) = unattainable(ctx, state, tier) {
+        return Ok(Err(r));
     }
     if ctx
         .decision
@@ -210,6 +216,69 @@ async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx
     ctx.route = Some(route);
     ctx.snapshot = Some(snap);
     Ok(Ok(()))
+}
+
+/// The request's objective: its tier's, tightened by `x-llm-d-slo-ttft-ms` /
+/// `x-llm-d-slo-tpot-ms` (or the older `x-slo-*`) unless its tenant may not.
+fn objective(session: &Session, ctx: &Ctx, rules: &PolicyRules, tier: Tier) -> Slo {
+    let slo = rules.tier(tier).slo;
+    if !ctx.identity.as_ref().is_some_and(|i| i.slo_headers) {
+        return slo;
+    }
+    let headers = &session.req_header().headers;
+    let asked = |names: [&str; 2]| {
+        names
+            .iter()
+            .find_map(|n| headers.get(*n))
+            .and_then(|v| slo::parse_target_header(v.as_bytes()))
+    };
+    slo.tightened(asked(slo::TTFT_HEADERS), asked(slo::TPOT_HEADERS))
+}
+
+/// A Standard or Best-Effort request whose first token its pool cannot give in time now is
+/// refused before it costs GPU time, with the estimate in the body (adaptive mode; a request
+/// moved to the fallback is judged where it runs and is not refused for it).
+fn unattainable(ctx: &mut Ctx, state: &PolicyState, tier: Tier) -> Option<Refusal> {
+    let d = ctx.decision.as_ref()?;
+    if d.action == Action::Reject || matches!(d.action, Action::Fallback { .. }) {
+        return None;
+    }
+    let target = ctx.slo.ttft_ms?;
+    let ctl = &state.pools[d.pool.signal_index()?];
+    let learned = |t: Tier| ctl.dims[t.index()][slo::Dim::Ttft.index()].unloaded_ms;
+    let unloaded = learned(tier).or_else(|| {
+        Tier::ALL
+            .into_iter()
+            .filter_map(learned)
+            .min_by(f64::total_cmp)
+    });
+    let estimate = slo::ttft_estimate(ctl.delay_ms, unloaded);
+    if !slo::unattainable(tier, Some(target), estimate) {
+        return None;
+    }
+    let estimate = estimate.unwrap_or_default().round();
+    let reason = Reason::RejectSloUnattainable;
+    ctx.reason = Some(reason);
+    ctx.label = Some(Verdict::Reject);
+    let body = serde_json::json!({"error": {
+        "type": "sluice_capacity",
+        "code": "slo_unattainable",
+        "message": format!(
+            "{tier} request rejected by Sluice: its first token is estimated at {estimate} ms on \
+             this pool (vLLM's queue delay and prefill), past its {target} ms TTFT target."
+        ),
+        "reason": reason.as_str(),
+        "tier": tier.as_str(),
+        "ttft_target_ms": target,
+        "estimated_ttft_ms": estimate,
+        "vllm_queue_delay_ms": ctl.delay_ms.map(f64::round),
+    }});
+    // A retry can hope for the queue to have drained by then.
+    let retry = (estimate / 1000.0).ceil().max(1.0) as u64;
+    Some(Refusal {
+        retry_after_s: Some(retry),
+        ..Refusal::new(429, reason, body)
+    })
 }
 
 /// OpenAI's answer for a model nobody serves, given before any backend is contacted.

@@ -64,6 +64,10 @@ pub struct Ctx {
     pub connect_retries: u8,
     pub overhead: Option<Duration>,
     pub first_byte: Option<Instant>,
+    /// When the last response chunk went out: a stream's last token.
+    pub last_byte: Option<Instant>,
+    /// The objective this request is judged on: its tier's, tightened by its own headers.
+    pub slo: sluice_policy::slo::Slo,
     pub response_tail: BytesMut,
     pub response_is_sse: bool,
     pub error: Option<Failure>,

@@ -28,6 +28,11 @@ pub fn response_filter(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
+    if ctx.response_is_sse {
+        if let Some(w) = &ctx.work {
+            w.streaming();
+        }
+    }
     decision_headers(resp, ctx)
 }
 
@@ -35,11 +40,19 @@ pub fn response_body_filter(body: &mut Option<Bytes>, _eos: bool, ctx: &mut Ctx)
     let Some(chunk) = body.as_ref().filter(|b| !b.is_empty()) else {
         return;
     };
+    let now = Instant::now();
+    ctx.last_byte = Some(now);
     if ctx.first_byte.is_none() {
-        ctx.first_byte = Some(Instant::now());
+        ctx.first_byte = Some(now);
         // The backend's answer started: replica choice learns how long it takes to.
         if let Some(lease) = ctx.lease.as_mut() {
             lease.first_byte();
+        }
+        // A stream's first token: the controller stops counting its age as a bound on it.
+        if let (Some(w), Some(started)) = (&ctx.work, ctx.started) {
+            if ctx.response_is_sse {
+                w.first_token(now.duration_since(started).as_secs_f64() * 1000.0);
+            }
         }
     }
     if ctx.identity.is_none() {
@@ -238,11 +251,29 @@ pub fn logging(app: &ProxyState, session: &mut Session, e: Option<&Error>, ctx: 
     let tier = ctx.identity.as_ref().map(|i| i.tier);
     let tier_name = tier.map_or("unknown", |t| t.as_str());
     let rules = app.hub.rules();
-    let sla_target = tier.map(|t| rules.tier(t).sla_target_ms);
+    let sla_target = tier.and_then(|t| rules.tier(t).slo.e2e_ms);
     let proxied = ctx.backend.is_some();
-    let sla_violated = sla_target
-        .filter(|_| proxied && ctx.error.is_none())
-        .map(|t| latency.as_millis() as u64 > t);
+    // A streamed answer's first token is its first body byte (vLLM sends the role chunk with
+    // it) and its last token about its last chunk (the usage chunk and `[DONE]` follow at once).
+    let stream = ctx.response_is_sse;
+    let ttft = ttfb.filter(|_| stream).map(millis);
+    let tpot = match (ctx.first_byte, ctx.last_byte, completion_tokens) {
+        (Some(f), Some(l), Some(n)) if stream => {
+            let span = l.duration_since(f).as_secs_f64() * 1000.0;
+            sluice_policy::slo::Measured::tpot_of(0.0, span, n)
+        }
+        _ => None,
+    };
+    let measured = sluice_policy::slo::Measured {
+        latency_ms: latency.as_secs_f64() * 1000.0,
+        ttft_ms: ttft,
+        tpot_ms: tpot,
+        completion_tokens,
+        stream,
+    };
+    let judged = sluice_policy::slo::judge(&ctx.slo, &measured);
+    let judged = Some(judged).filter(|j| proxied && ctx.error.is_none() && j.judged);
+    let sla_violated = judged.map(|j| !j.met());
     let label = ctx.label.unwrap_or(Verdict::Pass);
     let reason = ctx.reason.map_or("", Reason::as_str);
     // The signals of the sample the decision read, not of the one in force now.
@@ -295,6 +326,11 @@ pub fn logging(app: &ProxyState, session: &mut Session, e: Option<&Error>, ctx: 
         completion_tokens,
         sla_target_ms: sla_target,
         sla_violated,
+        ttft_ms: ttft,
+        tpot_ms: tpot.map(|v| (v * 1000.0).round() / 1000.0),
+        ttft_target_ms: ctx.slo.ttft_ms,
+        tpot_target_ms: ctx.slo.tpot_ms,
+        slo_missed: judged.and_then(|j| j.missed_label()).map(Into::into),
         signals: SignalsUsed {
             pressure: signals.pressure,
             queue_depth: signals.queue_depth,
@@ -304,7 +340,7 @@ pub fn logging(app: &ProxyState, session: &mut Session, e: Option<&Error>, ctx: 
         queue_outcome: queue_outcome(ctx),
         inputs: ctx.inputs,
     };
-    feed_controller(app, ctx, latency, proxied);
+    feed_controller(app, ctx, &measured, proxied);
     if let Some(ticket) = &ctx.quota {
         app.quotas
             .settle(&record.tenant, ticket, proxied, completion_tokens);
@@ -318,6 +354,15 @@ pub fn logging(app: &ProxyState, session: &mut Session, e: Option<&Error>, ctx: 
         sla_violated: record.sla_violated,
     };
     m.record_request(tier_name, label.as_str(), reason, observed);
+    if proxied && ctx.error.is_none() {
+        m.record_slo(sluice_runtime::metrics::SloObservations {
+            tier: tier_name,
+            pool: record.pool.as_deref().unwrap_or("unknown"),
+            ttft: ttft.map(|v| v / 1000.0),
+            tpot: tpot.map(|v| v / 1000.0),
+            missed: judged.map_or([false; 3], |j| j.missed),
+        });
+    }
     let cfg = app.config.load();
     let metrics_cfg = &cfg.metrics;
     if metrics_cfg.tenant_label {
@@ -381,7 +426,12 @@ pub(super) fn controller_pool(ctx: &Ctx) -> Option<usize> {
 
 /// The end of a proxied request for the adaptive controller (its arrival was reported when it
 /// was decided): the latency when served, a missed target when the backend failed.
-fn feed_controller(app: &ProxyState, ctx: &Ctx, latency: std::time::Duration, proxied: bool) {
+fn feed_controller(
+    app: &ProxyState,
+    ctx: &Ctx,
+    measured: &sluice_policy::slo::Measured,
+    proxied: bool,
+) {
     let (Some(d), Some(index)) = (ctx.decision.as_ref(), controller_pool(ctx)) else {
         return;
     };
@@ -397,7 +447,13 @@ fn feed_controller(app: &ProxyState, ctx: &Ctx, latency: std::time::Duration, pr
     let outcome = if failed {
         Outcome::failed(at, d.tier)
     } else {
-        Outcome::served(at, d.tier, latency.as_secs_f64() * 1000.0)
+        let served = Outcome::served(at, d.tier, measured.latency_ms)
+            .with_tokens(measured.completion_tokens);
+        if measured.stream {
+            served.streamed(measured.ttft_ms, measured.tpot_ms)
+        } else {
+            served
+        }
     };
     app.hub.record_outcome(index, outcome);
 }

@@ -99,8 +99,20 @@ pub struct DecisionRecord {
     pub overhead_us: Option<f64>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// The tier's end-to-end target (`sla_target_ms`, `slo.e2e_ms`), when it sets one.
     pub sla_target_ms: Option<u64>,
+    /// The request missed a dimension of its objective; `None` when it was not judged
+    /// (refused, failed, or no dimension applies).
     pub sla_violated: Option<bool>,
+    /// A streamed answer's time to first token (from receipt, Sluice's queue included).
+    pub ttft_ms: Option<f64>,
+    /// A streamed answer's time per output token after the first.
+    pub tpot_ms: Option<f64>,
+    /// The TTFT and TPOT targets it was judged on (its tier's, or tighter ones it asked for).
+    pub ttft_target_ms: Option<u64>,
+    pub tpot_target_ms: Option<u64>,
+    /// The dimensions it missed: `ttft`, `tpot`, `e2e`, comma-separated.
+    pub slo_missed: Option<Text>,
     pub signals: SignalsUsed,
     /// How its wait ended, when the request met the tier's queue.
     pub queue_outcome: Option<QueueOutcome>,

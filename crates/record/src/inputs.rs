@@ -427,7 +427,14 @@ pub fn fingerprint(rules: &PolicyRules, tier: Tier) -> RulesFingerprint {
         sluice_policy::tenant_policy::FallbackCapacity::On(p) => h.word(2 + pool_code(p)),
     };
     for t in &rules.tiers {
-        h.word(t.sla_target_ms)
+        // An end-to-end-only objective hashes as the prototype's target did, so records made
+        // before TTFT and TPOT existed still match their rules.
+        if t.slo.ttft_ms.is_some() || t.slo.tpot_ms.is_some() {
+            h.word(u64::MAX)
+                .word(t.slo.ttft_ms.map_or(0, |v| v + 1))
+                .word(t.slo.tpot_ms.map_or(0, |v| v + 1));
+        }
+        h.word(t.slo.e2e_ms.unwrap_or(0))
             .word(t.max_tokens_cap.map_or(0, |c| u64::from(c) + 1))
             .word(t.brownout_max_tokens.map_or(0, |c| u64::from(c) + 1))
             .word(u64::from(t.fallback_eligible))

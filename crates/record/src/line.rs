@@ -419,6 +419,11 @@ mod tests {
             completion_tokens: Some(0),
             sla_target_ms: Some(2000),
             sla_violated: Some(true),
+            ttft_ms: None,
+            tpot_ms: None,
+            ttft_target_ms: None,
+            tpot_target_ms: None,
+            slo_missed: None,
             signals: SignalsUsed {
                 pressure: Some(1e300),
                 queue_depth: Some(-0.0),

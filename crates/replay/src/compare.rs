@@ -164,7 +164,7 @@ fn judge(
     estimator: &Estimator,
 ) -> Outcome {
     let recorded_fate = fate_of(it.served, recorded.action == ActionKind::Reject);
-    let target = rules.tier(it.tier).sla_target_ms;
+    let target = rules.tier(it.tier).slo.e2e_ms.unwrap_or(u64::MAX);
     // The logging phase's rule: whole milliseconds over the target.
     let verdict = |ms: f64| {
         if (ms.max(0.0).floor() as u64) > target {
@@ -178,7 +178,9 @@ fn judge(
         Fate::Refused
     } else if recorded.same_effect(&replayed) {
         match it.served {
-            Some(s) if it.sla_target_ms == Some(target) => fate_of(Some(s), false),
+            Some(s) if it.sla_target_ms == Some(target) && target != u64::MAX => {
+                fate_of(Some(s), false)
+            }
             Some(s) => verdict(s.latency_ms),
             None => recorded_fate,
         }
@@ -385,7 +387,7 @@ pub(super) mod tests {
             tier,
             inputs: PolicyInputs::capture(state, rules, &f, &d, Clock::new()),
             served: None,
-            sla_target_ms: Some(rules.tier(tier).sla_target_ms),
+            sla_target_ms: rules.tier(tier).slo.e2e_ms,
         }
     }
 
@@ -428,7 +430,8 @@ pub(super) mod tests {
                     let latency_ms = 100.0 + p * 10.0;
                     it.served = Some(Served {
                         latency_ms,
-                        violated: latency_ms as u64 > rules.tier(tier).sla_target_ms,
+                        violated: latency_ms as u64
+                            > rules.tier(tier).slo.e2e_ms.unwrap_or(u64::MAX),
                     });
                 }
                 items.push(it);

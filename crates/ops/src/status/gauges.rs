@@ -2,6 +2,7 @@
 
 use super::{active_fallback, dependencies, SIGNALS};
 use crate::state::OpsState;
+use sluice_policy::slo::Dim;
 use sluice_policy::{PolicyMode, SignalKind, Tier};
 
 pub fn refresh_gauges(app: &OpsState) {
@@ -94,13 +95,40 @@ pub fn refresh_gauges(app: &OpsState) {
             m.tier_target_unattainable
                 .with_label_values(&labels)
                 .set(f64::from(u8::from(c.unattainable[t.index()])));
+            for d in Dim::ALL {
+                let labels = [pool, t.as_str(), d.as_str()];
+                match c.dims[t.index()][d.index()].headroom {
+                    Some(h) => m.tier_slo_headroom.with_label_values(&labels).set(h),
+                    None => {
+                        let _ = m.tier_slo_headroom.remove_label_values(&labels);
+                    }
+                }
+            }
         }
     }
     for t in Tier::ALL {
         let r = rules.tier(t);
-        m.sla_target
-            .with_label_values(&[t.as_str()])
-            .set(r.sla_target_ms as f64 / 1000.0);
+        match r.slo.e2e_ms {
+            Some(ms) => m
+                .sla_target
+                .with_label_values(&[t.as_str()])
+                .set(ms as f64 / 1000.0),
+            None => {
+                let _ = m.sla_target.remove_label_values(&[t.as_str()]);
+            }
+        }
+        for d in Dim::ALL {
+            let labels = [t.as_str(), d.as_str()];
+            match r.slo.get(d) {
+                Some(ms) => m
+                    .tier_slo_target
+                    .with_label_values(&labels)
+                    .set(ms as f64 / 1000.0),
+                None => {
+                    let _ = m.tier_slo_target.remove_label_values(&labels);
+                }
+            }
+        }
         let th = &r.thresholds;
         for (signal, threshold) in [
             (SignalKind::Pressure, th.pressure),

@@ -15,7 +15,7 @@ use sluice_policy::{PolicyMode, SignalKind, Tier};
 use sluice_record::decision::RecentFilter;
 use sluice_runtime::signals::hub::Snapshot;
 use view::{
-    AdmissionControl, Fallback, Moved, PoolAdmission, PoolSignals, StepView, Telemetry,
+    AdmissionControl, DimControl, Fallback, Moved, PoolAdmission, PoolSignals, StepView, Telemetry,
     ThresholdsNotInForce, ThresholdsView, TierControl, TierMode, TierStatus,
 };
 
@@ -94,7 +94,11 @@ pub fn status(app: &OpsState) -> Status {
                 idle_credits: a.idle_credits,
                 queued: a.queued,
                 waiting_tenants: app.admission.waiting_tenants(t, 20),
-                sla_target_ms: r.sla_target_ms,
+                sla_target_ms: r.slo.e2e_ms,
+                slo: sluice_policy::slo::Dim::ALL
+                    .into_iter()
+                    .filter_map(|d| Some((d.target_key(), r.slo.get(d)?)))
+                    .collect(),
                 max_tokens_cap: r.max_tokens_cap,
                 brownout_max_tokens: r.brownout_max_tokens,
                 pool: r.preferred_pool.as_str(),
@@ -175,7 +179,24 @@ fn admission_control(app: &OpsState, snap: &Snapshot, rules: &PolicyRules) -> Ad
                         target_unattainable: c.unattainable[i],
                         latency_p_ms: c.latency_ms[i],
                         lead_p_ms: c.lead_ms[i],
-                        sla_target_ms: rules.tier(t).sla_target_ms,
+                        sla_target_ms: rules.tier(t).slo.e2e_ms,
+                        slo: rules
+                            .tier(t)
+                            .slo
+                            .dims()
+                            .map(|d| {
+                                let r = &c.dims[i][d.index()];
+                                let view = DimControl {
+                                    target_ms: r.target_ms,
+                                    headroom: r.headroom,
+                                    observed_p_ms: r.observed_ms,
+                                    unloaded_ms: r.unloaded_ms,
+                                    target_unattainable: r.unattainable,
+                                    missed: r.missed,
+                                };
+                                (d.as_str(), view)
+                            })
+                            .collect(),
                         capped: sh.cap,
                         fallback: sh.fallback,
                         shed: sh.shed,

@@ -74,7 +74,10 @@ pub struct TierStatus {
     pub queued: u64,
     /// Least served first: the head of this list is served next.
     pub waiting_tenants: Vec<TenantShare>,
-    pub sla_target_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sla_target_ms: Option<u64>,
+    /// The tier's objective: `ttft_ms`, `tpot_ms`, `e2e_ms`, those set.
+    pub slo: std::collections::BTreeMap<&'static str, u64>,
     pub max_tokens_cap: Option<u32>,
     pub brownout_max_tokens: Option<u32>,
     pub pool: &'static str,
@@ -178,10 +181,26 @@ pub struct TierControl {
     pub target_unattainable: bool,
     pub latency_p_ms: Option<f64>,
     pub lead_p_ms: Option<f64>,
-    pub sla_target_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sla_target_ms: Option<u64>,
+    /// Per dimension of the tier's objective (`ttft`, `tpot`, `e2e`): its reading on the pool.
+    pub slo: std::collections::BTreeMap<&'static str, DimControl>,
     pub capped: f64,
     pub fallback: f64,
     pub shed: f64,
+}
+
+/// One dimension of a tier's objective on one pool.
+#[derive(Debug, Serialize)]
+pub struct DimControl {
+    pub target_ms: Option<u64>,
+    pub headroom: Option<f64>,
+    /// The tier's quantile on this dimension over the window.
+    pub observed_p_ms: Option<f64>,
+    pub unloaded_ms: Option<f64>,
+    pub target_unattainable: bool,
+    /// Share of the window's requests over the target on this dimension.
+    pub missed: f64,
 }
 
 /// Which way the level last moved, and why.

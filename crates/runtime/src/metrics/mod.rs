@@ -21,6 +21,14 @@ const OVERHEAD_BUCKETS: &[f64] = &[
     0.000_010, 0.000_025, 0.000_050, 0.000_100, 0.000_250, 0.000_500, 0.001, 0.0025, 0.005, 0.010,
     0.025, 0.1,
 ];
+/// The OpenTelemetry GenAI conventions' boundaries for `gen_ai.server.time_to_first_token`.
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+/// ... and for `gen_ai.server.time_per_output_token`.
+const TPOT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+];
 const QUEUE_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0,
 ];
@@ -37,6 +45,13 @@ pub struct Metrics {
     ttfb: Sharded<HistogramVec>,
     overhead: Sharded<HistogramVec>,
     pub queue_wait: HistogramVec,
+    /// Streamed answers' time to first token and time per output token, by tier and pool.
+    pub ttft: HistogramVec,
+    pub tpot: HistogramVec,
+    /// Requests that missed a dimension of their objective, by tier and dimension.
+    pub slo_violations: IntCounterVec,
+    pub tier_slo_headroom: GaugeVec,
+    pub tier_slo_target: GaugeVec,
     pub upstream_errors: IntCounterVec,
     pub signal_value: GaugeVec,
     pub signal_age: GaugeVec,
@@ -138,6 +153,11 @@ impl Metrics {
             ttfb: sharded_hist("sluice_time_to_first_byte_seconds", "Time from request arrival to the first response body byte.", LATENCY_BUCKETS, &["tier", "decision"]),
             overhead: sharded_hist("sluice_proxy_overhead_seconds", "Time Sluice adds before the request is sent upstream (queue wait excluded).", OVERHEAD_BUCKETS, &["tier"]),
             queue_wait: hist("sluice_queue_wait_seconds", "Time spent in a tier's queue.", QUEUE_BUCKETS, &["tier", "outcome"]),
+            ttft: hist("sluice_ttft_seconds", "Streamed answers' time to first token: from Sluice receiving the request (its queue included) to the first token byte sent to the client.", TTFT_BUCKETS, &["tier", "pool"]),
+            tpot: hist("sluice_tpot_seconds", "Streamed answers' time per output token after the first: (last token - first token) / (completion tokens - 1).", TPOT_BUCKETS, &["tier", "pool"]),
+            slo_violations: counter("sluice_slo_violations_total", "Served requests that missed a dimension of their objective (ttft, tpot, e2e), by tier and dimension; a request missing two counts in both.", &["tier", "dimension"]),
+            tier_slo_headroom: gauge("sluice_tier_slo_headroom", "Adaptive mode: the share of each dimension's budget (target less the tier's unloaded value) still unspent, per pool, tier and dimension; absent without evidence.", &["pool", "tier", "dimension"]),
+            tier_slo_target: gauge("sluice_tier_slo_target_seconds", "Configured target per tier and dimension (ttft, tpot, e2e); absent when the tier sets none.", &["tier", "dimension"]),
             upstream_errors: counter("sluice_upstream_errors_total", "Upstream failures by pool and kind.", &["pool", "kind"]),
             signal_value: gauge("sluice_signal_value", "Current signal value per pool (pressure %, queue depth, SLA-violation rate); absent when unavailable.", &["pool", "signal"]),
             signal_age: gauge("sluice_signal_age_seconds", "Age of the signal value in use.", &["pool", "signal"]),
@@ -208,8 +228,36 @@ pub struct RequestObservations {
     pub duration: Option<f64>,
     pub ttfb: Option<f64>,
     pub overhead: Option<f64>,
-    /// Whether it missed its tier's SLA target, when judged.
+    /// Whether it missed its objective, when judged.
     pub sla_violated: Option<bool>,
+}
+
+/// What a served request showed of its objective's dimensions.
+pub struct SloObservations<'a> {
+    pub tier: &'a str,
+    pub pool: &'a str,
+    /// Seconds, streamed answers only.
+    pub ttft: Option<f64>,
+    pub tpot: Option<f64>,
+    pub missed: [bool; 3],
+}
+
+impl Metrics {
+    pub fn record_slo(&self, o: SloObservations) {
+        if let Some(v) = o.ttft {
+            self.ttft.with_label_values(&[o.tier, o.pool]).observe(v);
+        }
+        if let Some(v) = o.tpot {
+            self.tpot.with_label_values(&[o.tier, o.pool]).observe(v);
+        }
+        for d in sluice_policy::slo::Dim::ALL {
+            if o.missed[d.index()] {
+                self.slo_violations
+                    .with_label_values(&[o.tier, d.as_str()])
+                    .inc();
+            }
+        }
+    }
 }
 
 /// The metrics `logging` updates on every request, by label values that are static strings

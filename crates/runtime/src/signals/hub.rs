@@ -183,8 +183,17 @@ pub struct SignalHub {
 /// Requests in flight by (pool index, decided at, sequence), oldest first within a pool.
 #[derive(Debug, Default)]
 struct Outstanding {
-    requests: std::collections::BTreeMap<(usize, Millis, u64), Tier>,
+    requests: std::collections::BTreeMap<(usize, Millis, u64), Running>,
     next: u64,
+}
+
+/// What the controller hears of a request in flight: its tier, whether it streams, and when its
+/// first token came (ms after its decision), once it has.
+#[derive(Debug, Clone, Copy)]
+struct Running {
+    tier: Tier,
+    stream: bool,
+    first_token_ms: Option<f64>,
 }
 
 /// One worker's share of the work in flight: estimated KV tokens by pool index, and its
@@ -207,6 +216,30 @@ pub struct WorkCharge {
     pool: usize,
     tokens: u64,
     key: (usize, Millis, u64),
+}
+
+impl WorkCharge {
+    /// The request streams: while it runs, its age bounds its first token's time until that
+    /// token comes.
+    pub fn streaming(&self) {
+        self.update(|r| r.stream = true);
+    }
+
+    /// Its first token reached the client `ttft_ms` after the request was received.
+    pub fn first_token(&self, ttft_ms: f64) {
+        self.update(|r| r.first_token_ms = Some(ttft_ms));
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Running)) {
+        let mut o = self
+            .shard
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = o.requests.get_mut(&self.key) {
+            f(r);
+        }
+    }
 }
 
 impl Drop for WorkCharge {
@@ -378,7 +411,14 @@ impl SignalHub {
             let mut o = shard.outstanding.lock().unwrap_or_else(|e| e.into_inner());
             o.next += 1;
             let key = (pool, since, o.next);
-            o.requests.insert(key, tier);
+            o.requests.insert(
+                key,
+                Running {
+                    tier,
+                    stream: false,
+                    first_token_ms: None,
+                },
+            );
             key
         };
         Some(WorkCharge {
@@ -396,22 +436,27 @@ impl SignalHub {
             .map(|pool| {
                 // The oldest of each shard, then the oldest of those (by decision time; within one
                 // millisecond, shard by shard in the order each charged them).
-                let mut oldest: Vec<(Millis, usize, u64, Tier)> = Vec::new();
+                let mut oldest: Vec<(Millis, usize, u64, Running)> = Vec::new();
                 for (i, shard) in self.work.iter().enumerate() {
                     let o = shard.outstanding.lock().unwrap_or_else(|e| e.into_inner());
                     oldest.extend(
                         o.requests
                             .range((pool, 0, 0)..(pool + 1, 0, 0))
                             .take(OUTSTANDING_REPORTED)
-                            .map(|(&(_, since, seq), &tier)| (since, i, seq, tier)),
+                            .map(|(&(_, since, seq), &r)| (since, i, seq, r)),
                     );
                 }
                 oldest.sort_unstable_by_key(|&(since, i, seq, _)| (since, i, seq));
                 oldest
                     .into_iter()
                     .take(OUTSTANDING_REPORTED)
-                    .map(|(since, _, _, tier)| {
-                        Outcome::pending(now, tier, now.saturating_sub(since) as f64)
+                    .map(|(since, _, _, r)| {
+                        let o = Outcome::pending(now, r.tier, now.saturating_sub(since) as f64);
+                        if r.stream {
+                            o.streamed(r.first_token_ms, None)
+                        } else {
+                            o
+                        }
                     })
                     .collect()
             })
@@ -647,6 +692,7 @@ impl SignalHub {
             sla_violation_rate: self.reading(pool, SignalKind::SlaViolationRate, now).value,
             queue_time_ms: fresh.and_then(|r| r.queue_time_ms),
             ttft_ms: fresh.and_then(|r| r.ttft_ms),
+            itl_ms: None,
             inflight_work: Some(self.inflight_work_on(pool)),
         }
     }
