@@ -471,6 +471,22 @@ pub struct SloConfig {
     pub e2e_ms: Option<u64>,
 }
 
+/// A tier's objective when its config sets none: the shipped `conf/sluice.yaml`'s, in the units
+/// users set (interactive serving's usual targets: MLPerf's llama2-70b-interactive asks 450 ms to
+/// the first token and 40 ms a token, Dynamo's planner defaults to 500 / 50).
+pub fn default_slo(tier: Tier) -> Slo {
+    let (ttft, tpot) = match tier {
+        Tier::Guaranteed => (500, 50),
+        Tier::Standard => (1000, 100),
+        Tier::BestEffort => (2000, 200),
+    };
+    Slo {
+        ttft_ms: Some(ttft),
+        tpot_ms: Some(tpot),
+        e2e_ms: None,
+    }
+}
+
 impl TierConfig {
     /// The tier's objective: `slo` when given, else the end-to-end target alone; `None` leaves
     /// the built-in default.
@@ -803,7 +819,7 @@ pub(crate) fn policy_rules(cfg: &Config) -> PolicyRules {
                 Some(_) => Pool::OnDemand,
                 None => d.preferred_pool,
             },
-            slo: c.objective().unwrap_or(d.slo),
+            slo: c.objective().unwrap_or(default_slo(tier)),
             inflight_capacity: c.inflight_capacity.unwrap_or(d.inflight_capacity),
         }
     });

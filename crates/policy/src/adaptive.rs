@@ -139,6 +139,9 @@ pub struct Outcome {
     /// Completion tokens of a served request, when its usage was read.
     pub tokens: Option<u64>,
     pub stream: bool,
+    /// A stream's first token, reported when it comes (`latency_ms` = `ttft_ms`): the TTFT of a
+    /// long answer is news then, not when the answer ends. Its end then carries no TTFT.
+    pub first_token: bool,
     /// The request failed (5xx, timeout): counted as a missed target.
     pub failed: bool,
     /// A request still outstanding at `at` (sent to the pool, not yet answered), reported at
@@ -158,8 +161,17 @@ impl Outcome {
             tpot_ms: None,
             tokens: None,
             stream: false,
+            first_token: false,
             failed: false,
             pending: false,
+        }
+    }
+
+    /// A stream's first token reached the client at `at`, `ttft_ms` after the request arrived.
+    pub fn first_token(at: Millis, tier: Tier, ttft_ms: f64) -> Self {
+        Outcome {
+            first_token: true,
+            ..Self::served(at, tier, ttft_ms).streamed(Some(ttft_ms), None)
         }
     }
 
@@ -209,18 +221,22 @@ impl Outcome {
     /// stream's deadline (`slo`'s TPOT for every later token): met exactly when that deadline
     /// is. A running request counts at its age on the dimensions its age bounds.
     fn ratios(&self, slo: &Slo) -> [Option<f64>; 3] {
+        if self.failed {
+            return Dim::ALL.map(|d| slo.get(d).map(|_| f64::INFINITY));
+        }
         let Some(latency) = self.latency_ms else {
             return [None; 3];
         };
-        let per = |d: Dim, v: Option<f64>| {
-            let t = slo.get(d)?.max(1) as f64;
-            if self.failed {
-                return Some(f64::INFINITY);
-            }
-            v.map(|v| v / t)
-        };
-        let ttft = if self.stream {
-            self.ttft_ms.or(Some(latency).filter(|_| self.pending))
+        let per = |d: Dim, v: Option<f64>| v.zip(slo.get(d)).map(|(v, t)| v / t.max(1) as f64);
+        if self.first_token {
+            return [per(Dim::Ttft, self.ttft_ms), None, None];
+        }
+        // A running stream bounds its first token by its age until the token comes (then it
+        // was reported on its own); a finished one's came as its own outcome, or here.
+        let ttft = if self.stream && self.pending {
+            Some(latency).filter(|_| self.ttft_ms.is_none())
+        } else if self.stream {
+            self.ttft_ms
         } else if self.pending {
             None
         } else {
@@ -417,6 +433,8 @@ pub struct PoolController {
     last_sample: Option<Millis>,
     /// vLLM's queue delay at the previous sample, for its growth.
     last_delay: Option<f64>,
+    /// When a TPOT shortage last raised the level, and vLLM's pace then.
+    pace_rise: Option<(Millis, f64)>,
     /// Set in a fleet, where whether the fallback relieves this pool is known from where its
     /// model is served rather than from the rules' two-pool view.
     fallback_relieves: Option<bool>,
@@ -454,6 +472,13 @@ impl Baseline {
 /// target is judged against the last tenth rather than against nothing).
 const MIN_SLACK: f64 = 0.1;
 
+/// After a pace-driven rise, the pace must be back to this share of what it was before the
+/// next rise waits for it: a pace easing by more is the rise already working.
+const PACE_EASING: f64 = 0.97;
+
+/// How many times slower than the latencies' the learned unloaded pace lets up.
+const PACE_HALF_LIVES: Millis = 10;
+
 /// A calm level falling by thirds goes to 0 once below this.
 const CALM_SNAP: f64 = 0.5;
 
@@ -488,6 +513,7 @@ impl PoolController {
             baseline: Default::default(),
             last_sample: None,
             last_delay: None,
+            pace_rise: None,
             fallback_relieves: None,
         }
     }
@@ -586,6 +612,7 @@ impl PoolController {
         let mut fresh_headroom = [None; 3];
         let mut drained_headroom: [Option<f64>; 3] = [None; 3];
         let mut pace_headroom: [Option<f64>; 3] = [None; 3];
+        let mut queue_headroom: [Option<f64>; 3] = [None; 3];
         let mut missing = [0.0f64; 3];
         let mut unattainable = [false; 3];
         let min = |a: Option<f64>, b: Option<f64>| either(a, b, f64::min);
@@ -611,23 +638,39 @@ impl PoolController {
                     .itl_ms
                     .filter(|v| dim == Dim::Tpot && v.is_finite())
                     .map(|v| v / target);
-                let whole = quantile(0).or(pace);
+                // The pace is the current one; a stream's own TPOT arrives when it ends, a long
+                // answer's seconds after the batch that set it.
+                let current = |own: Option<f64>| pace.or(own);
+                let whole = current(quantile(0));
                 // The baseline takes a quantile of a few requests only when it has a few more
                 // than the controller's readings need: the minimum of small samples is biased low.
                 let sampled = |since: Millis| {
                     let v = started_since(q, since, di).collect();
-                    quantile_of(
+                    current(quantile_of(
                         v,
                         tuning.quantile,
                         tuning.min_samples.max(BASELINE_MIN_SAMPLES),
-                    )
-                    .or(pace)
+                    ))
                 };
                 let b = &mut self.baseline[tier.index()][di];
+                // The pace is learned only while nothing is shed or capped, and lets up ten
+                // times slower: a batch that grew without a queue is the very load TPOT's budget
+                // is spent on, never its new normal (a fleet that really decodes slower is
+                // followed within minutes).
+                let (learning, half_life) = match dim {
+                    Dim::Tpot => (
+                        self.level == 0.0,
+                        PACE_HALF_LIVES * tuning.baseline_half_life_ms,
+                    ),
+                    _ => (true, tuning.baseline_half_life_ms),
+                };
                 b.learn(
-                    self.drained_since.and_then(sampled).map(|r| r * target),
+                    self.drained_since
+                        .filter(|_| learning)
+                        .and_then(sampled)
+                        .map(|r| r * target),
                     dt,
-                    tuning.baseline_half_life_ms,
+                    half_life,
                 );
                 let base = b.ms.map_or(0.0, |ms| ms / target);
                 let out_of_reach = base >= 1.0;
@@ -670,24 +713,24 @@ impl PoolController {
                 // median, not the quantile: the slow tail of the old answers is the queueing the
                 // delay already counts.
                 let queuing = delay_ms.is_some_and(|d| d > 0.0);
-                let fresh = quantile(self.last_change)
-                    .or_else(|| quantile_at(0, 0.5).filter(|_| queuing))
-                    .or(pace);
+                let fresh = current(
+                    quantile(self.last_change).or_else(|| quantile_at(0, 0.5).filter(|_| queuing)),
+                );
                 // The leading reading: the same quantile with the requests still running counted
                 // at their age so far (a lower bound on their latency, or on their first
                 // token's while it has not come). A request stuck in a queue shows here from the
                 // moment it is older than the margin, not when it ends.
                 let lead = censored_quantile(q, running, self.last_change, tuning, di)
-                    .filter(|_| tuning.lead);
+                    .filter(|_| tuning.lead && pace.is_none());
                 let rise = either(room(fresh), lead.map(|l| spend(l, 0.0)), f64::min);
                 // Relaxing needs readings: a queue delay alone never proves there is room.
                 let relax = whole.and(room(whole));
-                let since_rise = quantile(self.last_change).or(pace);
+                let since_rise = current(quantile(self.last_change));
                 let fresh_room = since_rise.and(room(since_rise));
                 // Since vLLM's queue emptied: what the requests admitted into an empty queue
                 // report, finished or still running at their age so far.
                 let drained_room = drained
-                    .and_then(|since| censored_quantile(q, running, since, tuning, di).or(pace))
+                    .and_then(|since| current(censored_quantile(q, running, since, tuning, di)))
                     .map(|r| spend(r, 0.0));
                 dims[tier.index()][di] = DimReading {
                     target_ms: slo.get(dim),
@@ -709,6 +752,8 @@ impl PoolController {
                 missing[t] = missing[t].max(missed);
                 if dim == Dim::Tpot {
                     pace_headroom[t] = rise;
+                } else {
+                    queue_headroom[t] = min(queue_headroom[t], rise);
                 }
             }
             unattainable[tier.index()] = !slo.is_empty() && !any_attainable;
@@ -818,25 +863,48 @@ impl PoolController {
             // anyone while vLLM shows that nothing queues: latency without a queue is the
             // batch's own pace, which refusing requests here would not buy back.
             let base = self.level.max(i as f64);
+            // The pace answers a rise only as the answers already decoding finish (seconds on a
+            // GPU), so while it improves after a pace-driven rise, no further rise is asked of
+            // it: the batch is shrinking already.
+            let itl = signals.itl_ms.filter(|v| v.is_finite());
+            let pace_may_rise = self.pace_rise.is_none_or(|(t0, p0)| {
+                now.saturating_sub(t0) >= tuning.hold_ms
+                    && itl.is_none_or(|p| p >= PACE_EASING * p0)
+            });
             let rise = Tier::ALL
                 .into_iter()
-                .filter(|t| !calm && i < steps.len() && protects(i, *t))
+                .filter(|t| i < steps.len() && protects(i, *t))
                 .filter(|t| !unattainable[t.index()])
-                .filter_map(|t| headroom[t.index()].map(|h| (t, h)))
-                .filter(|(_, h)| *h < tuning.escalate_below)
-                .map(|(t, h)| {
+                .filter_map(|t| {
+                    let queue = queue_headroom[t.index()].filter(|_| !calm);
+                    let pace = pace_headroom[t.index()].filter(|_| pace_may_rise);
+                    match (queue, pace) {
+                        (Some(q), Some(p)) if p < q => Some((t, p, true)),
+                        (Some(q), _) => Some((t, q, false)),
+                        (None, Some(p)) => Some((t, p, true)),
+                        (None, None) => None,
+                    }
+                })
+                .filter(|(_, h, _)| *h < tuning.escalate_below)
+                .map(|(t, h, by_pace)| {
                     let up = (tuning.rise_gain * (tuning.escalate_below - h))
                         .clamp(tuning.min_step_up, tuning.max_step_up);
                     let ceiling = (i..steps.len())
                         .find(|j| !protects(*j, t))
                         .map_or(n, |j| j as f64);
-                    (t, h, (base + up).min(ceiling))
+                    (t, h, (base + up).min(ceiling), by_pace)
                 })
                 .max_by(|a, b| a.2.total_cmp(&b.2));
+            if !pace_short {
+                self.pace_rise = None;
+            }
             let held = self
                 .last_rise
                 .is_some_and(|t| now.saturating_sub(t) < tuning.hold_ms);
-            if let Some((tier, h, risen)) = rise {
+            if let Some((tier, h, risen, by_pace)) = rise {
+                if by_pace {
+                    self.pace_rise = itl.map(|p| (now, p));
+                }
                 self.level = risen;
                 self.last_rise = Some(now);
                 self.last_change = now;
@@ -1819,5 +1887,260 @@ mod tests {
         let below = (0..n).filter(|i| draw(*i) < 0.3).count();
         assert!((2800..3200).contains(&below), "{below}");
         assert_eq!(draw(42), draw(42));
+    }
+
+    /// Every tier judged on TTFT and TPOT only, as the shipped config does.
+    fn ttft_tpot_rules() -> PolicyRules {
+        let mut rules = PolicyRules::default();
+        for (tier, ttft, tpot) in [
+            (Tier::Guaranteed, 500, 50),
+            (Tier::Standard, 1000, 100),
+            (Tier::BestEffort, 2000, 200),
+        ] {
+            rules.tiers[tier.index()].slo = Slo {
+                ttft_ms: Some(ttft),
+                tpot_ms: Some(tpot),
+                e2e_ms: None,
+            };
+        }
+        rules
+    }
+
+    /// `n` streamed answers of `tier` ending at `at` as the proxy reports them: each answer's
+    /// first token when it came and, at its end, its pace over 400 tokens. (In a steady flow
+    /// the first tokens reported now belong to other answers than the ends; alike here.)
+    fn streams(at: Millis, tier: Tier, ttft: f64, tpot: f64, n: usize) -> Vec<Outcome> {
+        let latency = ttft + 399.0 * tpot;
+        (0..n)
+            .flat_map(|_| {
+                [
+                    Outcome::first_token(at, tier, ttft),
+                    Outcome::served(at, tier, latency)
+                        .streamed(None, Some(tpot))
+                        .with_tokens(Some(400)),
+                ]
+            })
+            .collect()
+    }
+
+    /// vLLM's signals: KV usage, waiting requests, queue delay and the pace, `itl` ms a token.
+    fn vllm(pressure: f64, waiting: f64, delay: f64, itl: f64) -> PoolSignals {
+        PoolSignals {
+            pressure: Some(pressure),
+            queue_depth: Some(waiting),
+            queue_time_ms: Some(delay),
+            itl_ms: Some(itl),
+            ..Default::default()
+        }
+    }
+
+    fn queue(pressure: f64, waiting: f64, delay: f64) -> PoolSignals {
+        vllm(pressure, waiting, delay, 45.0)
+    }
+
+    fn all_tiers(at: Millis, ttft: f64, tpot: f64) -> Vec<Outcome> {
+        Tier::ALL
+            .into_iter()
+            .flat_map(|t| streams(at, t, ttft, tpot, 6))
+            .collect()
+    }
+
+    #[test]
+    fn each_dimension_reads_against_its_own_target() {
+        let slo = ttft_tpot_rules().tier(Tier::Guaranteed).slo;
+        let whole_stream = Outcome::served(9000, Tier::Guaranteed, 250.0 + 399.0 * 60.0)
+            .streamed(Some(250.0), Some(60.0));
+        let [ttft, tpot, e2e] = whole_stream.ratios(&slo);
+        assert_eq!((ttft, tpot, e2e), (Some(0.5), Some(1.2), None));
+        // A capped answer of two tokens is no faster for being short: its first token is late.
+        let capped = Outcome::served(9000, Tier::Guaranteed, 710.0)
+            .streamed(Some(700.0), Some(10.0))
+            .with_tokens(Some(2));
+        assert_eq!(capped.ratios(&slo)[0], Some(1.4));
+        // A whole answer's TTFT is the first token that keeps the stream's deadline: 100 tokens
+        // in 6,000 ms at 50 ms a token needed one by 6,000 − 99 × 50 = 1,050 ms.
+        let whole = Outcome::served(9000, Tier::Guaranteed, 6000.0).with_tokens(Some(100));
+        let r = whole.ratios(&slo);
+        assert_eq!((r[0], r[1]), (Some(1050.0 / 500.0), None));
+        // A stream's first token is reported when it comes; its end then carries its pace.
+        let first = Outcome::first_token(9000, Tier::Guaranteed, 300.0);
+        assert_eq!(first.ratios(&slo), [Some(0.6), None, None]);
+        let end = Outcome::served(9000, Tier::Guaranteed, 8000.0).streamed(None, Some(20.0));
+        assert_eq!(end.ratios(&slo), [None, Some(0.4), None]);
+        // A running stream bounds its first token by its age until the token comes.
+        let waiting = Outcome::pending(9000, Tier::Guaranteed, 800.0).streamed(None, None);
+        assert_eq!(waiting.ratios(&slo)[0], Some(1.6));
+        let started = Outcome::pending(9000, Tier::Guaranteed, 8000.0).streamed(Some(100.0), None);
+        assert_eq!(started.ratios(&slo)[0], None, "reported when it came");
+        // A failure misses every dimension set.
+        let failed = Outcome::failed(9000, Tier::Guaranteed);
+        let inf = Some(f64::INFINITY);
+        assert_eq!(failed.ratios(&slo), [inf, inf, None]);
+    }
+
+    /// A long answer is not late: with TTFT and TPOT met, 400 tokens taking 20 s leave the
+    /// level at 0; vLLM's queue eating the first token's budget raises it.
+    #[test]
+    fn the_queue_spends_the_first_tokens_budget_not_the_answers_length() {
+        let rules = ttft_tpot_rules();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let mut at = 0;
+        for _ in 0..12 {
+            at += 500;
+            let ctl = c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &queue(60.0, 0.0, 0.0),
+                &all_tiers(at, 100.0, 45.0),
+                at,
+            );
+            assert_eq!(ctl.level, 0.0, "{ctl:?}");
+        }
+        let g = c.baseline[0][Dim::Ttft.index()].ms;
+        assert!(g.is_some_and(|ms| (ms - 100.0).abs() < 1.0), "{g:?}");
+        for _ in 0..4 {
+            at += 500;
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &queue(80.0, 12.0, 450.0),
+                &all_tiers(at, 550.0, 45.0),
+                at,
+            );
+        }
+        assert!(c.level() >= 2.0, "{}", c.level());
+    }
+
+    /// The batch's pace eating TPOT's budget raises the level with no queue at all (shedding
+    /// and capping shrink the batch), the pool is neither calm nor idle meanwhile, and the
+    /// level falls once the pace is back.
+    #[test]
+    fn a_pace_over_budget_is_evidence_without_a_queue() {
+        let rules = ttft_tpot_rules();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let mut at = 0;
+        for _ in 0..12 {
+            at += 500;
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &vllm(30.0, 0.0, 0.0, 20.0),
+                &all_tiers(at, 100.0, 20.0),
+                at,
+            );
+        }
+        let mut ctl = None;
+        for _ in 0..12 {
+            at += 500;
+            // Guaranteed at 48 ms a token against its 50: 7 % of its (50 − 20) ms budget left.
+            ctl = Some(c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &vllm(40.0, 0.0, 0.0, 48.0),
+                &all_tiers(at, 100.0, 48.0),
+                at,
+            ));
+        }
+        let ctl = ctl.unwrap();
+        assert!(!ctl.idle, "{ctl:?}");
+        assert!(
+            matches!(
+                ctl.moved,
+                Movement::Up {
+                    tier: Tier::Guaranteed,
+                    ..
+                } | Movement::Hold
+            ),
+            "{ctl:?}"
+        );
+        assert!(ctl.level >= 2.0, "{ctl:?}");
+        assert_eq!(ctl.shares(Tier::Standard).cap, 1.0, "{ctl:?}");
+        let h = ctl.dims[0][Dim::Tpot.index()].headroom;
+        assert!(h.is_some_and(|h| h < 0.3), "{h:?}");
+        let u = ctl.dims[0][Dim::Tpot.index()].unloaded_ms;
+        assert!(
+            u.is_some_and(|u| u < 20.1),
+            "the slow pace is no new normal: {u:?}"
+        );
+        // The pace easing is the rise at work: no further rise while it eases.
+        let risen = ctl.level;
+        for itl in [44.0, 42.0, 40.0, 38.0] {
+            at += 500;
+            let ctl = c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &vllm(40.0, 0.0, 0.0, itl),
+                &all_tiers(at, 100.0, itl),
+                at,
+            );
+            assert!(ctl.level <= risen, "{itl}: {ctl:?}");
+        }
+        // The pace back at 20 ms: down to 0 within a few seconds, past the hold.
+        let mut zero_at = None;
+        for _ in 0..16 {
+            at += 500;
+            let ctl = c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &vllm(30.0, 0.0, 0.0, 20.0),
+                &all_tiers(at, 100.0, 20.0),
+                at,
+            );
+            if ctl.level == 0.0 && zero_at.is_none() {
+                zero_at = Some(at);
+            }
+        }
+        assert!(zero_at.is_some(), "{}", c.level());
+    }
+
+    /// Without streamed answers of its own a tier reads vLLM's pace (the batch decodes every
+    /// request at one pace), and a TPOT target under the pool's unloaded pace is flagged on
+    /// that dimension alone: the tier's TTFT still protects it, its TPOT sheds nobody.
+    #[test]
+    fn vllm_pace_stands_in_and_an_unreachable_pace_is_flagged_alone() {
+        let mut rules = ttft_tpot_rules();
+        rules.tiers[Tier::Standard.index()].slo.tpot_ms = Some(15);
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let whole = |at: Millis| -> Vec<Outcome> {
+            Tier::ALL
+                .into_iter()
+                .flat_map(|tier| {
+                    (0..6).map(move |_| {
+                        Outcome::served(at, tier, 200.0 + 99.0 * 20.0).with_tokens(Some(100))
+                    })
+                })
+                .collect()
+        };
+        let paced = |itl: f64| PoolSignals {
+            itl_ms: Some(itl),
+            ..queue(30.0, 0.0, 0.0)
+        };
+        let mut at = 0;
+        let mut ctl = None;
+        for _ in 0..12 {
+            at += 500;
+            ctl = Some(c.observe(Pool::OnDemand, &rules, &t, &paced(20.0), &whole(at), at));
+        }
+        let ctl = ctl.unwrap();
+        let g = &ctl.dims[0][Dim::Tpot.index()];
+        assert_eq!(g.unloaded_ms, Some(20.0), "{g:?}");
+        assert!(g.headroom.is_some_and(|h| h > 0.9), "{g:?}");
+        let s = &ctl.dims[1];
+        assert!(s[Dim::Tpot.index()].unattainable, "{s:?}");
+        assert!(!s[Dim::Ttft.index()].unattainable, "{s:?}");
+        assert!(!ctl.unattainable[1]);
+        assert_eq!(
+            ctl.level, 0.0,
+            "Standard's unreachable pace sheds nobody: {ctl:?}"
+        );
     }
 }

@@ -147,7 +147,7 @@ impl ProxyHttp for Sluice {
         end_of_stream: bool,
         ctx: &mut Self::CTX,
     ) -> Result<Option<std::time::Duration>> {
-        outcome::response_body_filter(body, end_of_stream, ctx);
+        outcome::response_body_filter(&self.app, body, end_of_stream, ctx);
         Ok(None)
     }
 

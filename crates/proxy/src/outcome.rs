@@ -36,7 +36,7 @@ pub fn response_filter(resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
     decision_headers(resp, ctx)
 }
 
-pub fn response_body_filter(body: &mut Option<Bytes>, _eos: bool, ctx: &mut Ctx) {
+pub fn response_body_filter(app: &ProxyState, body: &mut Option<Bytes>, _eos: bool, ctx: &mut Ctx) {
     let Some(chunk) = body.as_ref().filter(|b| !b.is_empty()) else {
         return;
     };
@@ -48,10 +48,17 @@ pub fn response_body_filter(body: &mut Option<Bytes>, _eos: bool, ctx: &mut Ctx)
         if let Some(lease) = ctx.lease.as_mut() {
             lease.first_byte();
         }
-        // A stream's first token: the controller stops counting its age as a bound on it.
-        if let (Some(w), Some(started)) = (&ctx.work, ctx.started) {
-            if ctx.response_is_sse {
-                w.first_token(now.duration_since(started).as_secs_f64() * 1000.0);
+        // A stream's first token is the controller's news now, not when a long answer ends;
+        // and its age no longer bounds it.
+        if let (true, Some(started)) = (ctx.response_is_sse, ctx.started) {
+            let ttft_ms = now.duration_since(started).as_secs_f64() * 1000.0;
+            if let Some(w) = &ctx.work {
+                w.first_token(ttft_ms);
+            }
+            if let (Some(d), Some(pool)) = (ctx.decision.as_ref(), controller_pool(ctx)) {
+                let at = app.hub.clock().now_ms();
+                let first = sluice_policy::adaptive::Outcome::first_token(at, d.tier, ttft_ms);
+                app.hub.record_outcome(pool, first);
             }
         }
     }
@@ -450,7 +457,8 @@ fn feed_controller(
         let served = Outcome::served(at, d.tier, measured.latency_ms)
             .with_tokens(measured.completion_tokens);
         if measured.stream {
-            served.streamed(measured.ttft_ms, measured.tpot_ms)
+            // Its first token was reported when it came.
+            served.streamed(None, measured.tpot_ms)
         } else {
             served
         }
