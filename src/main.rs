@@ -100,6 +100,9 @@ fn main() -> ExitCode {
                     pools.join(", "),
                     cfg.fallbacks.len()
                 );
+                for line in cfg.objectives() {
+                    println!("  {line}");
+                }
             })
             .map_err(|e| e.to_string()),
         Command::Sim(args) => tokio::runtime::Builder::new_multi_thread()

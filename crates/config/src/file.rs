@@ -508,6 +508,39 @@ impl TierConfig {
     }
 }
 
+impl Config {
+    /// Each tier's objective in force, as `sluice check` prints it, with a note where
+    /// `sla_target_ms` and `slo.e2e_ms` are both set.
+    pub fn objectives(&self) -> Vec<String> {
+        let rules = policy_rules(self);
+        Tier::ALL
+            .into_iter()
+            .map(|tier| {
+                let slo = rules.tier(tier).slo;
+                let dims: Vec<String> = slo
+                    .dims()
+                    .map(|d| format!("{} {} ms", d.as_str(), slo.get(d).unwrap_or(0)))
+                    .collect();
+                let mut line = format!(
+                    "tiers.{}: {}",
+                    tier.as_str(),
+                    if dims.is_empty() {
+                        "no objective (never judged late)".to_string()
+                    } else {
+                        dims.join(", ")
+                    }
+                );
+                if let Some((e2e, sla)) = self.tiers.get(tier).e2e_conflict() {
+                    line.push_str(&format!(
+                        "; slo.e2e_ms ({e2e}) is in force, sla_target_ms ({sla}) is ignored"
+                    ));
+                }
+                line
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ThresholdsConfig {
