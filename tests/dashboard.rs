@@ -175,22 +175,32 @@ async fn dashboard_renders_pools_backends_tiers_and_decisions() {
 }
 
 /// Adaptive mode: each pool card shows its admission level with a history line, and the
-/// headroom of the tiers it serves.
+/// headroom of the tiers it serves; the tiers table shows each tier's TTFT and TPOT against its
+/// targets.
 #[tokio::test]
 async fn dashboard_plots_admission_level_and_headroom() {
-    let od = sim("llama-3-70b", &[]).await;
+    let od = sim("llama-3-70b", &["--itl-ms", "5"]).await;
     let spot = sim("llama-3-70b", &[]).await;
     let mut cfg = config(&[&od.addr], &[&spot.addr]);
     merge(&mut cfg, json!({"policy": {"mode": "adaptive"}}));
     let sluice = serve(&cfg).await;
-    for tenant in ["support-bot", "support-bot", "support-bot", "support-bot"] {
-        let r = sluice.chat(tenant, chat_body("llama-3-70b", Some(5))).await;
+    for _ in 0..6 {
+        let mut body = chat_body("llama-3-70b", Some(5));
+        body["stream"] = json!(true);
+        let r = sluice.chat("support-bot", body).await;
         assert_eq!(r.status(), 200);
+        let _ = r.text().await;
     }
-    wait_for(Duration::from_secs(5), "Guaranteed headroom", || async {
-        let st = sluice.status().await;
-        st["admission_control"]["pools"]["on-demand"]["tiers"]["Guaranteed"]["headroom"].as_f64()
-    })
+    wait_for(
+        Duration::from_secs(5),
+        "Guaranteed's TTFT and TPOT",
+        || async {
+            let st = sluice.status().await;
+            let g = &st["admission_control"]["pools"]["on-demand"]["tiers"]["Guaranteed"];
+            g["slo"]["tpot"]["observed_p_ms"].as_f64()?;
+            g["slo"]["ttft"]["observed_p_ms"].as_f64()
+        },
+    )
     .await;
     let url = sluice.ops_url("/dashboard");
     let dom = tokio::task::spawn_blocking(move || chromium(&url, &["--dump-dom"]))
@@ -201,6 +211,11 @@ async fn dashboard_plots_admission_level_and_headroom() {
         r#"data-level="0""#,
         r#"data-headroom="Guaranteed""#,
         "policy: adaptive",
+        // The shipped objective, per tier: TTFT and TPOT seen against their targets.
+        r#"data-dim="ttft""#,
+        "/ 500 ms",
+        "/ 50 ms",
+        "/ 2000 ms",
         // The thresholds decide nothing in adaptive mode.
         "not in force",
     ] {

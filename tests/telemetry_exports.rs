@@ -199,6 +199,12 @@ async fn both_sources_exported_metrics_and_the_grafana_dashboard() {
         let r = sluice.chat(tenant, chat_body("llama-3-70b", Some(8))).await;
         assert_eq!(r.status(), 200, "{tenant}");
     }
+    // A stream: its first token and pace (TTFT and TPOT histograms).
+    let mut streamed = chat_body("llama-3-70b", Some(8));
+    streamed["stream"] = json!(true);
+    let r = sluice.chat("support-bot", streamed).await;
+    assert_eq!(r.status(), 200);
+    let _ = r.text().await;
     let r = client()
         .put(on_demand.url("/admin/latency"))
         .json(&json!({"extra_ms": 400}))
@@ -242,7 +248,10 @@ async fn both_sources_exported_metrics_and_the_grafana_dashboard() {
         "sluice_tier_state",
         "sluice_spot_state",
         "sluice_tier_threshold",
-        "sluice_tier_sla_target_seconds",
+        "sluice_tier_slo_target_seconds",
+        "sluice_slo_violations_total",
+        "sluice_ttft_seconds_bucket",
+        "sluice_tpot_seconds_bucket",
         "sluice_fallback_active",
         "sluice_backend_healthy",
         "sluice_dependency_up",
@@ -303,6 +312,9 @@ async fn both_sources_exported_metrics_and_the_grafana_dashboard() {
         "sluice_tier_threshold",
         "sluice_decisions_total",
         "sluice_request_duration_seconds_bucket",
+        "sluice_ttft_seconds_bucket",
+        "sluice_tpot_seconds_bucket",
+        "sluice_tier_slo_target_seconds",
         "sluice_queued_requests",
         "sluice_inflight_requests",
     ] {

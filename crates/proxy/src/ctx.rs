@@ -69,6 +69,8 @@ pub struct Ctx {
     /// The objective this request is judged on: its tier's, tightened by its own headers.
     pub slo: sluice_policy::slo::Slo,
     pub response_tail: BytesMut,
+    /// SSE events seen in a streamed response: its token count when it reports no usage.
+    pub sse_events: u32,
     pub response_is_sse: bool,
     pub error: Option<Failure>,
     pub status: u16,

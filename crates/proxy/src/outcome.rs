@@ -66,6 +66,7 @@ pub fn response_body_filter(app: &ProxyState, body: &mut Option<Bytes>, _eos: bo
         return;
     }
     if ctx.response_is_sse {
+        ctx.sse_events += memchr::memmem::find_iter(chunk, b"data:").count() as u32;
         ctx.response_tail.extend_from_slice(chunk);
         if ctx.response_tail.len() > 2 * SSE_TAIL {
             let cut = ctx.response_tail.len() - SSE_TAIL;
@@ -74,6 +75,10 @@ pub fn response_body_filter(app: &ProxyState, body: &mut Option<Bytes>, _eos: bo
     } else if ctx.response_tail.len() + chunk.len() <= USAGE_KEEP {
         ctx.response_tail.extend_from_slice(chunk);
     }
+}
+
+fn req_path_is_chat(session: &Session) -> bool {
+    session.req_header().uri.path() == "/v1/chat/completions"
 }
 
 /// The completions endpoints borrowed (no allocation per record), any other path copied.
@@ -264,7 +269,14 @@ pub fn logging(app: &ProxyState, session: &mut Session, e: Option<&Error>, ctx: 
     // it) and its last token about its last chunk (the usage chunk and `[DONE]` follow at once).
     let stream = ctx.response_is_sse;
     let ttft = ttfb.filter(|_| stream).map(millis);
-    let tpot = match (ctx.first_byte, ctx.last_byte, completion_tokens) {
+    // Without `stream_options.include_usage` a stream reports no usage: vLLM sends a token an
+    // event, after a chat stream's role event and before `[DONE]`.
+    let events = || {
+        let framing = if req_path_is_chat(session) { 2 } else { 1 };
+        Some(u64::from(ctx.sse_events.saturating_sub(framing))).filter(|n| *n > 0)
+    };
+    let streamed_tokens = completion_tokens.or_else(|| events().filter(|_| stream));
+    let tpot = match (ctx.first_byte, ctx.last_byte, streamed_tokens) {
         (Some(f), Some(l), Some(n)) if stream => {
             let span = l.duration_since(f).as_secs_f64() * 1000.0;
             sluice_policy::slo::Measured::tpot_of(0.0, span, n)

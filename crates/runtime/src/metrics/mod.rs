@@ -199,6 +199,13 @@ impl Metrics {
                 metrics.upstream_errors.with_label_values(&[pool, kind]);
             }
         }
+        for tier in sluice_policy::Tier::ALL {
+            for d in sluice_policy::slo::Dim::ALL {
+                metrics
+                    .slo_violations
+                    .with_label_values(&[tier.as_str(), d.as_str()]);
+            }
+        }
         metrics
     }
 
