@@ -9,12 +9,16 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Fast sampling and a short window so the controller moves within a test's patience.
+/// Fast sampling and a short window so the controller moves within a test's patience. The
+/// prototype's end-to-end targets, whose arithmetic these tests state (a constant 1.8 s of
+/// Guaranteed's 2 s); tests/slo_e2e.rs and the README's walk-through drive TTFT and TPOT.
 fn adaptive(od: &Proc, sp: &Proc) -> Value {
     let mut cfg = config(&[&od.addr], &[&sp.addr]);
     merge(
         &mut cfg,
         json!({
+            "tiers": {"Guaranteed": {"sla_target_ms": 2000}, "Standard": {"sla_target_ms": 1000},
+                      "Best-Effort": {"sla_target_ms": 500}},
             "policy": {"mode": "adaptive",
                        "adaptive": {"window_ms": 2500, "min_samples": 3, "hold_ms": 500}},
             "fallbacks": [{"name": "small", "url": format!("http://{}", sp.addr), "model": "llama-3-8b"}],
