@@ -410,6 +410,10 @@ pub struct Shares {
     pub shed: f64,
 }
 
+/// One request as a window remembers it: (end, start, each dimension's reading as a share of
+/// its target, `None` where it has none).
+type Reading = (Millis, Millis, [Option<f64>; 3]);
+
 /// The per-pool controller state carried from sample to sample.
 #[derive(Debug, Clone)]
 pub struct PoolController {
@@ -420,7 +424,7 @@ pub struct PoolController {
     /// keeps the evidence: answers that were good at a stricter level stay good news.
     last_change: Millis,
     /// Per tier: (end, start, each dimension's reading / target, `None` where it has none).
-    recent: [VecDeque<(Millis, Millis, [Option<f64>; 3])>; 3],
+    recent: [VecDeque<Reading>; 3],
     work: WorkLimit,
     /// Since when vLLM's waiting queue on this pool has been empty (none while it queues).
     drained_since: Option<Millis>,
@@ -1001,7 +1005,7 @@ fn either(a: Option<f64>, b: Option<f64>, join: fn(f64, f64) -> f64) -> Option<f
 /// underestimates the quantile those requests will end with, and it sees a queue build up while
 /// the requests stuck in it are still waiting. `None` below `min_samples`.
 fn censored_quantile(
-    finished: &VecDeque<(Millis, Millis, [Option<f64>; 3])>,
+    finished: &VecDeque<Reading>,
     pending: &[(Millis, [Option<f64>; 3])],
     since: Millis,
     tuning: &AdaptiveTuning,
@@ -1017,7 +1021,7 @@ fn censored_quantile(
 
 /// Dimension `dim`'s readings of the finished requests that started at or after `since`.
 fn started_since(
-    finished: &VecDeque<(Millis, Millis, [Option<f64>; 3])>,
+    finished: &VecDeque<Reading>,
     since: Millis,
     dim: usize,
 ) -> impl Iterator<Item = f64> + '_ {

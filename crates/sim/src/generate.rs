@@ -81,8 +81,15 @@ struct Progress<'a> {
     sim: &'a Sim,
     job: &'a Job,
     generated: u64,
+    /// Inter-token gaps (seconds) of the tokens decoded since they were last handed to the
+    /// metrics: handed over whenever the pacer sleeps and when the request ends, so the
+    /// histogram keeps up with the decode within a quantum at one lock per wake-up, not per token.
+    gaps: Vec<f64>,
     done: bool,
 }
+
+/// Gaps held back at most, should the pacer never sleep (an ITL of zero).
+const GAPS_HELD: usize = 256;
 
 impl<'a> Progress<'a> {
     fn new(sim: &'a Sim, job: &'a Job) -> Self {
@@ -90,6 +97,7 @@ impl<'a> Progress<'a> {
             sim,
             job,
             generated: 0,
+            gaps: Vec::new(),
             done: false,
         }
     }
@@ -141,6 +149,23 @@ impl<'a> Progress<'a> {
         self.generated = 1;
     }
 
+    /// One more token decoded, `gap` after the one before it: vLLM observes the gap in its
+    /// inter-token-latency histogram. The gap is the engine's decode step, booked by the pacer;
+    /// a reader too slow to keep up does not count, as vLLM's engine does not wait for readers.
+    fn decoded(&mut self, gap: Duration) {
+        self.generated += 1;
+        self.gaps.push(gap.as_secs_f64());
+        if self.gaps.len() >= GAPS_HELD {
+            self.flush_gaps();
+        }
+    }
+
+    /// Hands the gaps observed so far to the metrics.
+    fn flush_gaps(&mut self) {
+        self.sim.metrics.inter_tokens(self.job.engine, &self.gaps);
+        self.gaps.clear();
+    }
+
     fn finish(mut self) {
         self.done = true;
         let reason = Finish::from_reason(self.job.spec.finish_reason);
@@ -153,7 +178,8 @@ impl<'a> Progress<'a> {
         self.done = true;
     }
 
-    fn record(&self, reason: Finish) {
+    fn record(&mut self, reason: Finish) {
+        self.flush_gaps();
         let e2e = self.job.arrived.elapsed().as_secs_f64();
         self.sim
             .metrics
@@ -186,10 +212,12 @@ pub(crate) async fn complete(sim: &Sim, job: &Job) -> Result<Served, TooLarge> {
     progress.first_token();
     let mut pacer = Pacer::new(BATCH_QUANTUM);
     for _ in 1..job.spec.completion_tokens {
-        if let Some(at) = pacer.step(sim.engine.itl()) {
+        let gap = sim.engine.itl();
+        if let Some(at) = pacer.step(gap) {
+            progress.flush_gaps();
             sleep_until(at).await;
         }
-        progress.generated += 1;
+        progress.decoded(gap);
     }
     sleep_until(pacer.deadline()).await;
     progress.finish();
@@ -231,7 +259,9 @@ pub(crate) async fn stream(sim: Arc<Sim>, job: Job, frames: SseFrames, tx: mpsc:
     }
     let mut pacer = Pacer::new(STREAM_QUANTUM);
     for _ in 1..job.spec.completion_tokens {
-        if let Some(at) = pacer.step(sim.engine.itl()) {
+        let gap = sim.engine.itl();
+        if let Some(at) = pacer.step(gap) {
+            progress.flush_gaps();
             if !sleep_or_closed(&tx, at).await {
                 return;
             }
@@ -239,7 +269,7 @@ pub(crate) async fn stream(sim: Arc<Sim>, job: Job, frames: SseFrames, tx: mpsc:
         if tx.send(frames.token.clone()).await.is_err() {
             return;
         }
-        progress.generated += 1;
+        progress.decoded(gap);
     }
     if !sleep_or_closed(&tx, pacer.deadline()).await {
         return;

@@ -88,7 +88,7 @@ pub struct SimArgs {
     /// KV a request reserves at admission and holds until it ends. Decode slows with the KV the running answers write (prompt + answer length), not with what they reserve; an answer is max_tokens long unless the x-sim-output-tokens request header says it stops sooner
     #[arg(long, value_enum, default_value_t = KvReserve::Output)]
     pub kv_reserve: KvReserve,
-    /// Export the pre-v0.10 metric name vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc
+    /// Export the pre-v0.10 metric name vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc, and vllm:inter_token_latency_seconds also as the pre-v0.11 vllm:time_per_output_token_seconds
     #[arg(long)]
     pub legacy_metrics: bool,
     /// Number of engines to export metrics for (label engine="0".."n-1"); load is split evenly
@@ -535,6 +535,63 @@ mod tests {
             404
         );
         assert_eq!(call(&client, "GET", chat, None).await.0, 405);
+    }
+
+    /// vLLM observes one inter-token latency per decoded token after the first: the gap since
+    /// the token before it, at the pace the load sets.
+    #[tokio::test]
+    async fn a_streamed_answer_observes_one_inter_token_latency_per_later_token() {
+        let (base, client) = start_with(|a| a.itl_ms = 4.0).await;
+        let itl = |m: &str| {
+            (
+                gauge(m, "vllm:inter_token_latency_seconds_count"),
+                gauge(m, "vllm:inter_token_latency_seconds_sum"),
+            )
+        };
+        let metrics = || async {
+            let (_, _, m) = call(&client, "GET", format!("{base}/metrics"), None).await;
+            String::from_utf8(m.to_vec()).unwrap()
+        };
+        let before = metrics().await;
+        assert!(!before.contains("vllm:time_per_output_token_seconds"));
+        let (count0, sum0) = itl(&before);
+        let tokens = 20;
+        let req = ::http::Request::post(format!("{base}/v1/chat/completions"))
+            .body(Full::new(Bytes::from(
+                json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens,
+                       "stream": true})
+                .to_string(),
+            )))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        resp.into_body().collect().await.unwrap();
+        let after = metrics().await;
+        let (count, sum) = itl(&after);
+        let gaps = (tokens - 1) as f64;
+        assert_eq!(count - count0, gaps);
+        // 4 ms at idle, slowed by the few tokens the answer writes into the 4096-token cache
+        // (--load-slowdown 1): at most 1 % here.
+        let mean = (sum - sum0) / gaps;
+        assert!((0.004 - 1e-9..0.004 * 1.01).contains(&mean), "{mean}");
+        assert_eq!(
+            gauge(&after, "vllm:time_to_first_token_seconds_count"),
+            1.0,
+            "the first token is TTFT's, not a gap"
+        );
+        let bucket = |le: &str| {
+            let l = format!(
+                "vllm:inter_token_latency_seconds_bucket\
+                 {{model_name=\"m1\",engine=\"0\",le=\"{le}\"}} "
+            );
+            after
+                .lines()
+                .find_map(|line| line.strip_prefix(l.as_str()))
+                .unwrap()
+                .parse::<f64>()
+                .unwrap()
+        };
+        assert_eq!(bucket("0.01"), gaps);
+        assert_eq!(bucket("+Inf"), gaps);
     }
 
     #[tokio::test]

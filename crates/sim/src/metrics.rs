@@ -1,7 +1,8 @@
 //! vLLM's Prometheus metrics, in text exposition format 0.0.4.
 //!
-//! Names, label keys and HELP strings follow vLLM (v0.10+, or pre-0.10 for the KV gauge with
-//! `legacy`) so anything that scrapes a real engine can scrape the simulator unchanged. With
+//! Names, label keys and HELP strings follow vLLM (v0.10+, the inter-token histogram as v0.11
+//! names it; with `legacy` the pre-0.10 KV gauge name, and the inter-token histogram also under
+//! its ≤ 0.10 name) so anything that scrapes a real engine can scrape the simulator unchanged. With
 //! several engines, each request is counted on one engine and the gauges are split so sums and
 //! averages across the `engine` label come out right.
 
@@ -10,6 +11,12 @@ use std::sync::{Mutex, PoisonError};
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+/// vLLM's bounds for `vllm:inter_token_latency_seconds` (and the older
+/// `vllm:time_per_output_token_seconds`).
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
 ];
 const E2E_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0,
@@ -85,6 +92,9 @@ struct EngineCounters {
     prefix_queries: u64,
     prefix_hits: u64,
     ttft: Histogram,
+    /// The gap before each decoded token after a request's first, as vLLM observes
+    /// `vllm:inter_token_latency_seconds`.
+    itl: Histogram,
     e2e: Histogram,
     /// Waiting-queue time, observed when a request is scheduled (as vLLM does).
     queue_time: Histogram,
@@ -99,6 +109,7 @@ impl EngineCounters {
             prefix_queries: 0,
             prefix_hits: 0,
             ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             queue_time: Histogram::new(E2E_BUCKETS),
         }
@@ -149,6 +160,19 @@ impl Metrics {
         self.with(engine, |e| {
             e.prompt_tokens += prompt_tokens;
             e.ttft.observe(ttft_secs);
+        });
+    }
+
+    /// Decoded tokens after a request's first, each with the gap (seconds) since the token
+    /// before it: one inter-token-latency observation each, as vLLM makes one per token.
+    pub(crate) fn inter_tokens(&self, engine: usize, gaps: &[f64]) {
+        if gaps.is_empty() {
+            return;
+        }
+        self.with(engine, |e| {
+            for gap in gaps {
+                e.itl.observe(*gap);
+            }
         });
     }
 
@@ -279,6 +303,24 @@ impl Metrics {
         );
         for (i, e) in engines.iter().enumerate() {
             histogram(&mut out, name, &labels(i), &e.ttft);
+        }
+        // vLLM ≤ 0.10 named this histogram `vllm:time_per_output_token_seconds`; 0.11 exports
+        // both names, the old one deprecated.
+        let mut itl_names = vec![(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+        )];
+        if legacy {
+            itl_names.push((
+                "vllm:time_per_output_token_seconds",
+                "Histogram of time per output token in seconds.",
+            ));
+        }
+        for (name, help) in itl_names {
+            header(&mut out, name, help, "histogram");
+            for (i, e) in engines.iter().enumerate() {
+                histogram(&mut out, name, &labels(i), &e.itl);
+            }
         }
         let name = "vllm:request_queue_time_seconds";
         header(
@@ -471,6 +513,42 @@ mod tests {
                 s[&format!("vllm:gpu_cache_usage_perc{{model_name=\"m\",engine=\"{i}\"}}")],
                 0.5
             );
+        }
+    }
+
+    #[test]
+    fn inter_token_latency_under_its_name_and_with_legacy_also_the_old_one() {
+        let m = Metrics::new(2);
+        m.inter_tokens(1, &[0.02, 0.02, 0.3]);
+        m.inter_tokens(1, &[]);
+        let g = Gauges {
+            running: 0,
+            waiting: 0,
+            kv_usage: 0.0,
+        };
+        let current = m.render("m", false, g);
+        assert!(!current.contains("vllm:time_per_output_token_seconds"));
+        let legacy = m.render("m", true, g);
+        assert!(legacy.contains("# TYPE vllm:time_per_output_token_seconds histogram\n"));
+        for (text, name) in [
+            (&current, "vllm:inter_token_latency_seconds"),
+            (&legacy, "vllm:inter_token_latency_seconds"),
+            (&legacy, "vllm:time_per_output_token_seconds"),
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} histogram\n")));
+            let s = parse(text);
+            let l = |i: usize| format!("model_name=\"m\",engine=\"{i}\"");
+            assert_eq!(s[&format!("{name}_count{{{}}}", l(0))], 0.0);
+            assert_eq!(s[&format!("{name}_count{{{}}}", l(1))], 3.0);
+            assert!((s[&format!("{name}_sum{{{}}}", l(1))] - 0.34).abs() < 1e-12);
+            // vLLM's bounds: 10 ms, 25 ms, … 80 s.
+            let bucket = |le: &str| s[&format!("{name}_bucket{{{},le=\"{le}\"}}", l(1))];
+            assert_eq!(bucket("0.01"), 0.0);
+            assert_eq!(bucket("0.025"), 2.0);
+            assert_eq!(bucket("0.2"), 2.0);
+            assert_eq!(bucket("0.3"), 3.0);
+            assert_eq!(bucket("80.0"), 3.0);
+            assert_eq!(bucket("+Inf"), 3.0);
         }
     }
 

@@ -23,11 +23,13 @@ pub struct BackendScrape {
     pub backend: String,
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
-    /// vLLM's cumulative queue-time and TTFT histograms (sum and count).
+    /// vLLM's cumulative queue-time, TTFT and inter-token-latency histograms (sum and count).
     #[serde(skip)]
     pub queue_time: Option<Histogram>,
     #[serde(skip)]
     pub ttft: Option<Histogram>,
+    #[serde(skip)]
+    pub itl: Option<Histogram>,
     pub error: Option<String>,
 }
 
@@ -38,17 +40,24 @@ pub struct ScrapeRound {
     pub at: Millis,
     pub pressure: Option<f64>,
     pub queue_depth: Option<f64>,
-    /// The pool's delay histograms summed over backends (cumulative).
+    /// The pool's delay and pace histograms summed over backends (cumulative).
     pub queue_time: Option<Histogram>,
     pub ttft: Option<Histogram>,
-    /// Mean queue delay and TTFT over at least the delay span, set by
-    /// [`SignalHub::record_scrape`].
+    pub itl: Option<Histogram>,
+    /// Mean queue delay, TTFT and inter-token latency over at least the delay span, set by
+    /// [`SignalHub::record_scrape`]. The inter-token latency is the pool's pace: the mean gap
+    /// between consecutive tokens of the requests its backends decoded over the span, `None`
+    /// when they decoded none after a first token.
     pub queue_time_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
+    pub itl_ms: Option<f64>,
     pub backends: Vec<BackendScrape>,
     /// The histograms of this round and the ones before it that the span still needs.
-    span: DelaySpan<(Option<Histogram>, Option<Histogram>)>,
+    span: DelaySpan<SpanReading>,
 }
+
+/// The cumulative histograms a span is diffed over: queue time, TTFT, inter-token latency.
+type SpanReading = (Option<Histogram>, Option<Histogram>, Option<Histogram>);
 
 impl ScrapeRound {
     pub fn aggregate(at: Millis, backends: Vec<BackendScrape>) -> Self {
@@ -63,8 +72,10 @@ impl ScrapeRound {
             queue_depth: (!waiting.is_empty()).then(|| waiting.iter().sum()),
             queue_time: sum(|b| b.queue_time),
             ttft: sum(|b| b.ttft),
+            itl: sum(|b| b.itl),
             queue_time_ms: None,
             ttft_ms: None,
+            itl_ms: None,
             backends,
             span: DelaySpan::default(),
         }
@@ -76,8 +87,9 @@ impl ScrapeRound {
     /// one.
     fn with_delays_since(mut self, prev: Option<&ScrapeRound>) -> Self {
         self.span = prev.map(|p| p.span.clone()).unwrap_or_default();
-        let Some((at, (queue_time, ttft))) =
-            self.span.push(self.at as f64, (self.queue_time, self.ttft))
+        let Some((at, (queue_time, ttft, itl))) = self
+            .span
+            .push(self.at as f64, (self.queue_time, self.ttft, self.itl))
         else {
             return self;
         };
@@ -88,6 +100,10 @@ impl ScrapeRound {
             _ => None,
         };
         self.ttft_ms = match (self.ttft, ttft) {
+            (Some(now), Some(then)) => now.mean_ms_since(&then),
+            _ => None,
+        };
+        self.itl_ms = match (self.itl, itl) {
             (Some(now), Some(then)) => now.mean_ms_since(&then),
             _ => None,
         };
@@ -692,7 +708,7 @@ impl SignalHub {
             sla_violation_rate: self.reading(pool, SignalKind::SlaViolationRate, now).value,
             queue_time_ms: fresh.and_then(|r| r.queue_time_ms),
             ttft_ms: fresh.and_then(|r| r.ttft_ms),
-            itl_ms: None,
+            itl_ms: fresh.and_then(|r| r.itl_ms),
             inflight_work: Some(self.inflight_work_on(pool)),
         }
     }
@@ -857,6 +873,7 @@ mod tests {
                 waiting: Some(0.0),
                 queue_time: Some(Histogram { sum, count }),
                 ttft: None,
+                itl: None,
                 error: None,
             }];
             hub.record_scrape(0, ScrapeRound::aggregate(at, backends));
@@ -871,6 +888,42 @@ mod tests {
         assert!((d - 600.0).abs() < 1e-6, "{d}");
     }
 
+    /// The pool's pace: the inter-token gaps of all its backends over at least the span, the
+    /// mean of what was decoded in it (Δsum / Δcount), none when nothing was, none when stale.
+    #[test]
+    fn the_pace_is_the_pools_mean_gap_over_the_span() {
+        let hub = SignalHub::pair(Clock::new(), 1_000, PolicyRules::default());
+        let round = |at: Millis, a: (f64, f64), b: (f64, f64)| {
+            let backend = |name: &str, (sum, count): (f64, f64)| BackendScrape {
+                backend: name.into(),
+                kv_usage: Some(0.5),
+                waiting: Some(0.0),
+                queue_time: None,
+                ttft: None,
+                itl: Some(Histogram { sum, count }),
+                error: None,
+            };
+            let backends = vec![backend("a", a), backend("b", b)];
+            hub.record_scrape(0, ScrapeRound::aggregate(at, backends));
+            hub.signals(0, at).itl_ms
+        };
+        assert_eq!(round(0, (1.0, 100.0), (0.0, 0.0)), None, "nothing to diff");
+        // 40 gaps of 20 ms on a, 10 of 70 ms on b: (0.8 + 0.7) s over 50 gaps.
+        let v = round(250, (1.8, 140.0), (0.7, 10.0)).unwrap();
+        assert!((v - 30.0).abs() < 1e-9, "{v}");
+        // 250 ms later: still diffed against the scrape at 0, the span's start.
+        let v = round(500, (1.8, 140.0), (1.6, 20.0)).unwrap();
+        assert!((v - 40.0).abs() < 1e-9, "{v}");
+        // Over the span since 250: b's 10 gaps of 90 ms alone.
+        let v = round(750, (1.8, 140.0), (1.6, 20.0)).unwrap();
+        assert!((v - 90.0).abs() < 1e-9, "{v}");
+        // Since 500: no token decoded after a first one.
+        assert_eq!(round(1_000, (1.8, 140.0), (1.6, 20.0)), None);
+        let v = round(1_250, (2.0, 150.0), (1.6, 20.0));
+        assert!((v.unwrap() - 20.0).abs() < 1e-9, "{v:?}");
+        assert_eq!(hub.signals(0, 1_250 + 1_001).itl_ms, None, "stale");
+    }
+
     #[test]
     fn overrides_win_and_stale_samples_are_unavailable() {
         let hub = SignalHub::pair(Clock::new(), 50, PolicyRules::default());
@@ -880,6 +933,7 @@ mod tests {
             waiting: Some(2.0),
             queue_time: None,
             ttft: None,
+            itl: None,
             error: None,
         }];
         hub.record_scrape(0, ScrapeRound::aggregate(hub.clock().now_ms(), backends));
@@ -906,6 +960,7 @@ mod tests {
                 waiting: None,
                 queue_time: None,
                 ttft: None,
+                itl: None,
                 error: None,
             }]
         };

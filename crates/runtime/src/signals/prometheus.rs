@@ -9,6 +9,14 @@
 //! as a zero. With `signals.source: prometheus` the poller advances the policy once per round, as
 //! the direct scraper does; with `both` the scraper does, so a sample is never counted twice
 //! toward the stability model's consecutive-samples rule.
+//!
+//! Only those two gauges are asked of Prometheus. vLLM's delay and pace histograms — queue time
+//! (`vllm:request_queue_time_seconds`), TTFT (`vllm:time_to_first_token_seconds`) and the
+//! inter-token latency (`vllm:inter_token_latency_seconds`, or the older
+//! `vllm:time_per_output_token_seconds`) — are read by the direct scrape alone, as interval means
+//! over its own rounds ([`ScrapeRound`](super::hub::ScrapeRound)): with `signals.source:
+//! prometheus` the adaptive controller has no queue delay, vLLM TTFT or pool pace, only Sluice's
+//! own latencies; `both` gives it all of them.
 
 use super::health::{PrometheusHealth, QueryHealth};
 use super::hub::{PoolIndex, SignalHub};

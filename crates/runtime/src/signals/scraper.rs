@@ -89,6 +89,7 @@ async fn scrape(connector: &Connector, target: &Target, timeout: Duration) -> Ba
         waiting: None,
         queue_time: None,
         ttft: None,
+        itl: None,
         error: Some(error),
     };
     match tokio::time::timeout(timeout, fetch(connector, target, timeout)).await {
@@ -104,6 +105,7 @@ async fn scrape(connector: &Connector, target: &Target, timeout: Duration) -> Ba
                 waiting: reading.waiting,
                 queue_time: reading.queue_time,
                 ttft: reading.ttft,
+                itl: reading.itl,
                 error,
             }
         }

@@ -3,9 +3,11 @@
 //! KV usage comes from `vllm:kv_cache_usage_perc` (vLLM ≥ 0.10) or `vllm:gpu_cache_usage_perc`
 //! (older), both 0–1 fractions, averaged over `engine` series (each engine owns its own cache);
 //! the waiting queue is `vllm:num_requests_waiting`, summed over engines. The delay histograms
-//! (`vllm:request_queue_time_seconds`, `vllm:time_to_first_token_seconds`) are read as their
-//! cumulative `_sum` and `_count`, summed over series: a mean over an interval is the difference
-//! of two scrapes.
+//! (`vllm:request_queue_time_seconds`, `vllm:time_to_first_token_seconds`) and the pace histogram
+//! (`vllm:inter_token_latency_seconds`, vLLM ≥ 0.11, or its older name
+//! `vllm:time_per_output_token_seconds`: one observation per decoded token after a request's
+//! first) are read as their cumulative `_sum` and `_count`, summed over series: a mean over an
+//! interval is the difference of two scrapes.
 
 /// The shortest span a delay is read over. A queue served by a few requests per scrape gives a
 /// Little's-law estimate (waiting × interval / served) that swings by multiples between two short
@@ -40,6 +42,8 @@ pub struct BackendReading {
     pub waiting: Option<f64>,
     pub queue_time: Option<Histogram>,
     pub ttft: Option<Histogram>,
+    /// The inter-token latency histogram (under either name).
+    pub itl: Option<Histogram>,
 }
 
 /// A histogram's cumulative sum (seconds) and count.
@@ -100,12 +104,18 @@ const QUEUE_TIME_SUM: &str = "vllm:request_queue_time_seconds_sum";
 const QUEUE_TIME_COUNT: &str = "vllm:request_queue_time_seconds_count";
 const TTFT_SUM: &str = "vllm:time_to_first_token_seconds_sum";
 const TTFT_COUNT: &str = "vllm:time_to_first_token_seconds_count";
+const ITL_SUM: &str = "vllm:inter_token_latency_seconds_sum";
+const ITL_COUNT: &str = "vllm:inter_token_latency_seconds_count";
+const ITL_LEGACY_SUM: &str = "vllm:time_per_output_token_seconds_sum";
+const ITL_LEGACY_COUNT: &str = "vllm:time_per_output_token_seconds_count";
 
 pub fn parse(text: &str) -> BackendReading {
     let (mut kv_now, mut kv_old, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
     // (sum, count) seen for each histogram; both halves are needed for a reading.
     let mut queue = (None::<f64>, None::<f64>);
     let mut ttft = (None::<f64>, None::<f64>);
+    let mut itl = (None::<f64>, None::<f64>);
+    let mut itl_old = (None::<f64>, None::<f64>);
     let add = |slot: &mut Option<f64>, v: f64| *slot = Some(slot.unwrap_or(0.0) + v);
     for line in text.lines() {
         let line = line.trim();
@@ -123,6 +133,10 @@ pub fn parse(text: &str) -> BackendReading {
             QUEUE_TIME_COUNT => add(&mut queue.1, value),
             TTFT_SUM => add(&mut ttft.0, value),
             TTFT_COUNT => add(&mut ttft.1, value),
+            ITL_SUM => add(&mut itl.0, value),
+            ITL_COUNT => add(&mut itl.1, value),
+            ITL_LEGACY_SUM => add(&mut itl_old.0, value),
+            ITL_LEGACY_COUNT => add(&mut itl_old.1, value),
             _ => {}
         }
     }
@@ -138,6 +152,8 @@ pub fn parse(text: &str) -> BackendReading {
         waiting: (!waiting.is_empty()).then(|| waiting.iter().sum()),
         queue_time: histogram(queue),
         ttft: histogram(ttft),
+        // vLLM 0.11 exports both names for the same observations: the current one wins.
+        itl: histogram(itl).or_else(|| histogram(itl_old)),
     }
 }
 
@@ -206,6 +222,50 @@ vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 9.0\n";
             None,
             "counter reset"
         );
+    }
+
+    #[test]
+    fn the_pace_histogram_under_either_name() {
+        // Two engines, summed; vLLM 0.11 exports the old name too, and the current one wins.
+        let text = "vllm:inter_token_latency_seconds_sum{engine=\"0\",model_name=\"m\"} 0.5\n\
+                    vllm:inter_token_latency_seconds_count{engine=\"0\",model_name=\"m\"} 20.0\n\
+                    vllm:inter_token_latency_seconds_sum{engine=\"1\",model_name=\"m\"} 1.5\n\
+                    vllm:inter_token_latency_seconds_count{engine=\"1\",model_name=\"m\"} 30.0\n\
+                    vllm:inter_token_latency_seconds_bucket{engine=\"1\",le=\"+Inf\"} 30.0\n\
+                    vllm:time_per_output_token_seconds_sum{engine=\"0\",model_name=\"m\"} 9\n\
+                    vllm:time_per_output_token_seconds_count{engine=\"0\",model_name=\"m\"} 9\n\
+                    vllm:request_time_per_output_token_seconds_sum{engine=\"0\"} 7\n\
+                    vllm:request_time_per_output_token_seconds_count{engine=\"0\"} 7\n";
+        assert_eq!(
+            parse(text).itl,
+            Some(Histogram {
+                sum: 2.0,
+                count: 50.0
+            })
+        );
+        // vLLM ≤ 0.10: only the old name.
+        let old = "vllm:time_per_output_token_seconds_sum{engine=\"0\"} 0.25\n\
+                   vllm:time_per_output_token_seconds_count{engine=\"0\"} 10\n\
+                   vllm:time_per_output_token_seconds_sum{engine=\"1\"} 0.75\n\
+                   vllm:time_per_output_token_seconds_count{engine=\"1\"} 30\n";
+        assert_eq!(
+            parse(old).itl,
+            Some(Histogram {
+                sum: 1.0,
+                count: 40.0
+            })
+        );
+        assert_eq!(
+            parse("vllm:inter_token_latency_seconds_sum{engine=\"0\"} 2\n").itl,
+            None,
+            "a sum without its count is no reading"
+        );
+        assert_eq!(
+            parse("vllm:time_per_output_token_seconds_count{engine=\"0\"} 2\n").itl,
+            None,
+            "nor a count without its sum"
+        );
+        assert_eq!(parse("vllm:kv_cache_usage_perc 0.5\n").itl, None);
     }
 
     #[test]
