@@ -184,6 +184,11 @@ fn assert_nothing_changes(report: &Value, rows: usize) {
         report["total"]["sla"]["recorded"],
         report["total"]["sla"]["estimated"]
     );
+    // Judged on the objectives they were recorded under: every dimension's attainment too.
+    for tier in ["Guaranteed", "Standard", "Best-Effort"] {
+        let a = &report["tiers"][tier]["attainment"];
+        assert_eq!(a["recorded"], a["estimated"], "{tier}: {a:#}");
+    }
 }
 
 /// Thresholds mode: the ledger replayed with the config in force changes nothing; with
@@ -334,6 +339,45 @@ async fn the_ledger_replays_unchanged_under_its_config_and_a_stricter_threshold_
         text.contains("estimator:") && text.contains("limits:"),
         "{text}"
     );
+    assert!(text.contains("attainment per tier"), "{text}");
+
+    // A Standard objective no answer meets (its first token within 1 ms, 1 ms a token after):
+    // no decision changes, and every Standard answer served is judged late on both dimensions
+    // (a whole answer by the stream's deadline, 1 ms a token in all).
+    let tight = candidate(
+        &s,
+        json!({"tiers": {"Standard": {"slo": {"ttft_ms": 1, "tpot_ms": 1}}}}),
+    );
+    let r = replay(&[
+        "--config",
+        path(&tight),
+        "--database-url",
+        PG_URL,
+        "--schema",
+        &schema.0,
+        "--since",
+        &since,
+    ]);
+    assert_eq!(r["total"]["changed"], 0, "{:#}", r["changes"]);
+    let served = rows
+        .iter()
+        .filter(|r| r["tier"] == "Standard" && !r["sla_violated"].is_null())
+        .count();
+    assert!(served > 0, "Standard was served");
+    let st = &r["tiers"]["Standard"];
+    let a = &st["attainment"];
+    assert_eq!(a["in_force"], json!(["ttft", "tpot"]), "{a:#}");
+    for dim in ["ttft", "tpot", "overall"] {
+        assert_eq!(a["estimated"][dim]["judged"], served, "{dim}: {a:#}");
+        assert_eq!(a["estimated"][dim]["on_time"], 0, "{dim}: {a:#}");
+    }
+    assert_eq!(st["sla"]["estimated"]["late"], served);
+    assert_eq!(st["sla"]["estimated"]["on_time"], 0);
+    // The other tiers' objectives did not change: nor did their verdicts.
+    for tier in ["Guaranteed", "Best-Effort"] {
+        let a = &r["tiers"][tier]["attainment"];
+        assert_eq!(a["recorded"], a["estimated"], "{tier}: {a:#}");
+    }
 }
 
 /// Adaptive mode, read from JSONL: the ledger's export and the request log both replay

@@ -530,7 +530,7 @@ mod tests {
         let sql = insert_decisions_sql();
         let n = DECISION_COLUMNS.len();
         assert_eq!(
-            n, 34,
+            n, 39,
             "one column per DecisionRecord field, signals flattened, plus completed_at_ms"
         );
         assert!(sql.contains(&format!("${n}::bytea[]")));
@@ -541,7 +541,8 @@ mod tests {
                 migrations
                     .iter()
                     .any(|m| m.2.contains(&format!("    {name} "))
-                        || m.2.contains(&format!("ADD COLUMN {name} "))),
+                        || m.2.contains(&format!("ADD COLUMN {name} "))
+                        || m.2.contains(&format!("ADD COLUMN IF NOT EXISTS {name} "))),
                 "{name} in a migration"
             );
         }

@@ -4,8 +4,12 @@
 //! time: ~14k instructions a record. Here each key is one constant slice with its comma and
 //! colon. Written as objects, the bytes are serde_json's (same order, same skipped fields, its
 //! number formatter): the tests below compare the two on records that set and clear every
-//! optional field. What is stored (the log line, the ledger) has its inputs packed instead, an
-//! array of field values that serde reads back as the same struct.
+//! optional field. One exception: the objective's fields (`ttft_ms`, `tpot_ms`,
+//! `ttft_target_ms`, `tpot_target_ms`, `slo_missed`) are left out of a record when `None`, where
+//! serde writes `null` — most answers are not streamed or miss nothing, and the reader's
+//! `#[serde(default)]` reads an absent field as `None` all the same. What is stored (the log
+//! line, the ledger) has its inputs packed instead, an array of field values that serde reads
+//! back as the same struct.
 
 use crate::decision::DecisionRecord;
 use crate::escape::write_str;
@@ -136,6 +140,22 @@ impl<'a> Obj<'a> {
         }
     }
 
+    /// A field left out when `None` (see [`Obj::some_f64`]).
+    fn some_u64(&mut self, k: &'static [u8], v: Option<u64>) {
+        match v {
+            Some(v) => self.u64(k, v),
+            None => self.absent(k),
+        }
+    }
+
+    /// A field left out when `None` (see [`Obj::some_f64`]).
+    fn some_str(&mut self, k: &'static [u8], v: Option<&str>) {
+        match v {
+            Some(v) => self.str(k, v),
+            None => self.absent(k),
+        }
+    }
+
     fn close(self) {
         self.out.push(if self.form == Form::Packed {
             b']'
@@ -199,6 +219,13 @@ fn record(out: &mut Vec<u8>, r: &DecisionRecord, inputs_form: Option<Form>) {
     o.opt_u64(key!("completion_tokens"), r.completion_tokens);
     o.opt_u64(key!("sla_target_ms"), r.sla_target_ms);
     o.opt_bool(key!("sla_violated"), r.sla_violated);
+    // The objective's dimensions: left out when `None` (a whole answer has no TTFT or TPOT, an
+    // end-to-end objective no targets for them, and most answers miss nothing).
+    o.some_f64(key!("ttft_ms"), r.ttft_ms);
+    o.some_f64(key!("tpot_ms"), r.tpot_ms);
+    o.some_u64(key!("ttft_target_ms"), r.ttft_target_ms);
+    o.some_u64(key!("tpot_target_ms"), r.tpot_target_ms);
+    o.some_str(key!("slo_missed"), r.slo_missed.as_deref());
     let mut s = Obj::open(o.key(key!("signals")));
     s.opt_f64(key!("pressure"), r.signals.pressure);
     s.opt_f64(key!("queue_depth"), r.signals.queue_depth);
@@ -419,11 +446,11 @@ mod tests {
             completion_tokens: Some(0),
             sla_target_ms: Some(2000),
             sla_violated: Some(true),
-            ttft_ms: None,
-            tpot_ms: None,
-            ttft_target_ms: None,
-            tpot_target_ms: None,
-            slo_missed: None,
+            ttft_ms: Some(412.337),
+            tpot_ms: Some(38.25),
+            ttft_target_ms: Some(500),
+            tpot_target_ms: Some(u64::MAX),
+            slo_missed: Some("tpot,e2e".into()),
             signals: SignalsUsed {
                 pressure: Some(1e300),
                 queue_depth: Some(-0.0),
@@ -486,9 +513,67 @@ mod tests {
         );
     }
 
+    /// The objective's fields, which the line leaves out when `None`.
+    const SLO_FIELDS: [&str; 5] = [
+        "ttft_ms",
+        "tpot_ms",
+        "ttft_target_ms",
+        "tpot_target_ms",
+        "slo_missed",
+    ];
+
+    /// What serde_json writes, without the objective's fields that are `null`.
+    fn serde_without_absent_slo(r: &DecisionRecord) -> String {
+        let mut s = serde_json::to_string(r).unwrap();
+        for f in SLO_FIELDS {
+            s = s.replace(&format!(",\"{f}\":null"), "");
+        }
+        s
+    }
+
     #[test]
     fn a_record_with_every_optional_field_cleared_is_what_serde_json_writes() {
         let r = DecisionRecord::default();
+        let line = ours(&r);
+        assert_eq!(line, serde_without_absent_slo(&r));
+        for f in SLO_FIELDS {
+            assert!(!line.contains(&format!("\"{f}\"")), "{f} in {line}");
+        }
+        let back: DecisionRecord = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, r);
+    }
+
+    /// Each of the objective's fields is written when set and left out alone when not.
+    #[test]
+    fn the_objectives_fields_are_each_written_only_when_set() {
+        let set = full();
+        let line = ours(&set);
+        for (f, v) in SLO_FIELDS.iter().zip([
+            "412.337",
+            "38.25",
+            "500",
+            "18446744073709551615",
+            "\"tpot,e2e\"",
+        ]) {
+            assert!(line.contains(&format!(",\"{f}\":{v},")), "{f} in {line}");
+        }
+        let clears: [fn(&mut DecisionRecord); 5] = [
+            |r| r.ttft_ms = None,
+            |r| r.tpot_ms = None,
+            |r| r.ttft_target_ms = None,
+            |r| r.tpot_target_ms = None,
+            |r| r.slo_missed = None,
+        ];
+        for (f, clear) in SLO_FIELDS.iter().zip(clears) {
+            let mut r = set.clone();
+            clear(&mut r);
+            let line = ours(&r);
+            assert!(!line.contains(&format!("\"{f}\"")), "{f} in {line}");
+            assert_eq!(line, serde_without_absent_slo(&r), "{f} cleared");
+        }
+        // A non-finite measurement is written as serde_json writes it, `null`.
+        let mut r = set.clone();
+        r.ttft_ms = Some(f64::NAN);
         assert_eq!(ours(&r), serde_json::to_string(&r).unwrap());
     }
 
@@ -599,6 +684,16 @@ mod tests {
         let back: DecisionRecord = serde_json::from_slice(&line).unwrap();
         assert!(back.inputs.is_some(), "{}", String::from_utf8_lossy(&line));
         assert_eq!(ours(&back), ours(&r));
+        assert_eq!(
+            (
+                back.ttft_ms,
+                back.tpot_ms,
+                back.ttft_target_ms,
+                back.tpot_target_ms
+            ),
+            (r.ttft_ms, r.tpot_ms, r.ttft_target_ms, r.tpot_target_ms)
+        );
+        assert_eq!(back.slo_missed, r.slo_missed);
         assert!(line.len() < ours(&r).len());
         // Without them (a ledger holds them): the same record, inputs null.
         let mut bare = Vec::new();
