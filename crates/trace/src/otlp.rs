@@ -1,0 +1,351 @@
+//! The OTLP trace export request (`opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest`)
+//! encoded as protobuf by hand: the seven messages Sluice sends, written straight from its span
+//! records into one reused buffer, no intermediate structs. The field numbers are those of
+//! opentelemetry-proto v1 (`trace.proto`, `common.proto`, `resource.proto`); the tests decode the
+//! output with the `opentelemetry-proto` crate's generated types.
+
+use crate::span::{Event, Key, Span, Status, Value};
+
+const VARINT: u8 = 0;
+const FIXED64: u8 = 1;
+const LEN: u8 = 2;
+const FIXED32: u8 = 5;
+
+/// `Span.flags` bits 8 and 9: whether the parent's remoteness is known, and whether it is remote.
+const FLAG_HAS_IS_REMOTE: u32 = 0x100;
+const FLAG_IS_REMOTE: u32 = 0x200;
+
+fn varint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
+
+fn tag(buf: &mut Vec<u8>, field: u32, wire: u8) {
+    varint(buf, u64::from(field) << 3 | u64::from(wire));
+}
+
+fn bytes_field(buf: &mut Vec<u8>, field: u32, bytes: &[u8]) {
+    tag(buf, field, LEN);
+    varint(buf, bytes.len() as u64);
+    buf.extend_from_slice(bytes);
+}
+
+/// A string field, left out when empty (proto3's default).
+fn string_field(buf: &mut Vec<u8>, field: u32, s: &str) {
+    if !s.is_empty() {
+        bytes_field(buf, field, s.as_bytes());
+    }
+}
+
+fn uint_field(buf: &mut Vec<u8>, field: u32, v: u64) {
+    if v != 0 {
+        tag(buf, field, VARINT);
+        varint(buf, v);
+    }
+}
+
+fn fixed64_field(buf: &mut Vec<u8>, field: u32, v: u64) {
+    tag(buf, field, FIXED64);
+    buf.extend_from_slice(&v.to_le_bytes());
+}
+
+fn fixed32_field(buf: &mut Vec<u8>, field: u32, v: u32) {
+    tag(buf, field, FIXED32);
+    buf.extend_from_slice(&v.to_le_bytes());
+}
+
+/// A nested message: its body is written after a one-byte length, which is widened in place
+/// (the body moved right) when the body turns out to be 128 bytes or more.
+fn message(buf: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
+    tag(buf, field, LEN);
+    let at = buf.len();
+    buf.push(0);
+    body(buf);
+    let len = buf.len() - at - 1;
+    if len < 0x80 {
+        buf[at] = len as u8;
+        return;
+    }
+    let mut prefix = Vec::with_capacity(10);
+    varint(&mut prefix, len as u64);
+    let end = buf.len();
+    buf.resize(end + prefix.len() - 1, 0);
+    buf.copy_within(at + 1..end, at + prefix.len());
+    buf[at..at + prefix.len()].copy_from_slice(&prefix);
+}
+
+/// `AnyValue`: the oneof is written even for a zero value (its presence is the type).
+fn any_value(buf: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::Str(s) => bytes_field(buf, 1, s.as_str().as_bytes()),
+        Value::Bool(b) => {
+            tag(buf, 2, VARINT);
+            varint(buf, u64::from(*b));
+        }
+        Value::Int(i) => {
+            tag(buf, 3, VARINT);
+            varint(buf, *i as u64);
+        }
+        Value::Double(d) => fixed64_field(buf, 4, d.to_bits()),
+        Value::StrArray(items) => message(buf, 5, |buf| {
+            for s in items {
+                message(buf, 1, |buf| bytes_field(buf, 1, s.as_str().as_bytes()));
+            }
+        }),
+    }
+}
+
+fn key_value(buf: &mut Vec<u8>, field: u32, key: &str, value: &Value) {
+    message(buf, field, |buf| {
+        string_field(buf, 1, key);
+        message(buf, 2, |buf| any_value(buf, value));
+    });
+}
+
+fn attributes(buf: &mut Vec<u8>, field: u32, attrs: &[(Key, Value)]) {
+    for (k, v) in attrs {
+        key_value(buf, field, k, v);
+    }
+}
+
+fn event(buf: &mut Vec<u8>, e: &Event) {
+    message(buf, 11, |buf| {
+        fixed64_field(buf, 1, e.time_unix_nanos);
+        string_field(buf, 2, e.name.as_str());
+        attributes(buf, 3, &e.attributes);
+    });
+}
+
+fn span(buf: &mut Vec<u8>, s: &Span) {
+    message(buf, 2, |buf| {
+        bytes_field(buf, 1, &s.context.trace_id.0);
+        bytes_field(buf, 2, &s.context.span_id.0);
+        if let Some(state) = &s.trace_state {
+            string_field(buf, 3, state.as_str());
+        }
+        if let Some(parent) = &s.parent_span_id {
+            bytes_field(buf, 4, &parent.0);
+        }
+        string_field(buf, 5, s.name.as_str());
+        uint_field(buf, 6, s.kind as u64);
+        fixed64_field(buf, 7, s.start_unix_nanos);
+        fixed64_field(buf, 8, s.end_unix_nanos);
+        attributes(buf, 9, &s.attributes);
+        uint_field(buf, 10, u64::from(s.dropped_attributes));
+        for e in &s.events {
+            event(buf, e);
+        }
+        uint_field(buf, 12, u64::from(s.dropped_events));
+        if let Status::Error(msg) = &s.status {
+            message(buf, 15, |buf| {
+                string_field(buf, 2, msg.as_str());
+                uint_field(buf, 3, 2); // STATUS_CODE_ERROR
+            });
+        }
+        let mut flags = u32::from(s.context.flags.0) | FLAG_HAS_IS_REMOTE;
+        if s.parent_span_id.is_some() && s.parent_is_remote {
+            flags |= FLAG_IS_REMOTE;
+        }
+        fixed32_field(buf, 16, flags);
+    });
+}
+
+/// The `Resource` message's body, encoded once per exporter.
+pub fn encode_resource(attrs: &[(String, String)]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    for (k, v) in attrs {
+        key_value(&mut buf, 1, k, &Value::Str(v.clone().into()));
+    }
+    buf
+}
+
+/// The instrumentation scope every span is reported under.
+pub struct Scope<'a> {
+    pub name: &'a str,
+    pub version: &'a str,
+}
+
+/// One export request: one `ResourceSpans` (the pre-encoded `resource`) with one `ScopeSpans`
+/// holding `spans`, written into `buf` (cleared first).
+pub fn encode_request<'a>(
+    buf: &mut Vec<u8>,
+    resource: &[u8],
+    scope: &Scope,
+    spans: impl IntoIterator<Item = &'a Span>,
+) {
+    buf.clear();
+    message(buf, 1, |buf| {
+        bytes_field(buf, 1, resource);
+        message(buf, 2, |buf| {
+            message(buf, 1, |buf| {
+                string_field(buf, 1, scope.name);
+                string_field(buf, 2, scope.version);
+            });
+            for s in spans {
+                span(buf, s);
+            }
+        });
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    use crate::span::{SpanKind, Str};
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Pv;
+    use prost::Message;
+
+    fn sample(attrs: usize) -> Span {
+        let mut attributes: Vec<(Key, Value)> = vec![
+            ("s", Value::from("text")),
+            ("shared", Value::Str(Str::Shared("arc".into()))),
+            ("empty", Value::from("")),
+            ("i", Value::Int(-42)),
+            ("zero", Value::Int(0)),
+            ("d", Value::Double(1.5)),
+            ("b", Value::Bool(false)),
+            ("a", Value::from(vec!["stop", "length"])),
+        ];
+        for _ in 0..attrs {
+            attributes.push(("pad", Value::from("x".repeat(300))));
+        }
+        Span {
+            context: SpanContext {
+                trace_id: TraceId([0xa1; 16]),
+                span_id: SpanId([0xb2; 8]),
+                flags: TraceFlags(0x03),
+                is_remote: false,
+            },
+            parent_span_id: Some(SpanId([0xc3; 8])),
+            parent_is_remote: true,
+            trace_state: TraceState::parse([b"congo=t61".as_slice()]),
+            name: "chat llama-3-70b".into(),
+            kind: SpanKind::Server,
+            start_unix_nanos: 1_700_000_000_000_000_000,
+            end_unix_nanos: 1_700_000_000_500_000_000,
+            status: Status::Error("upstream timed out".into()),
+            attributes,
+            dropped_attributes: 3,
+            events: vec![Event {
+                name: "sluice.admitted".into(),
+                time_unix_nanos: 1_700_000_000_100_000_000,
+                attributes: vec![("sluice.queue_wait_ms", Value::Double(12.5))],
+            }],
+            dropped_events: 0,
+        }
+    }
+
+    fn decode(buf: &[u8]) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest::decode(buf).expect("decodes with opentelemetry-proto")
+    }
+
+    #[test]
+    fn a_span_decodes_field_for_field() {
+        let resource = encode_resource(&[("service.name".into(), "sluice".into())]);
+        let mut buf = Vec::new();
+        let s = sample(0);
+        let scope = Scope {
+            name: "sluice",
+            version: "9.9.9",
+        };
+        encode_request(&mut buf, &resource, &scope, [&s]);
+        let req = decode(&buf);
+        let rs = &req.resource_spans[0];
+        let res = rs.resource.as_ref().unwrap();
+        assert_eq!(res.attributes[0].key, "service.name");
+        let ss = &rs.scope_spans[0];
+        assert_eq!(ss.scope.as_ref().unwrap().name, "sluice");
+        assert_eq!(ss.scope.as_ref().unwrap().version, "9.9.9");
+        let p = &ss.spans[0];
+        assert_eq!(p.trace_id, vec![0xa1; 16]);
+        assert_eq!(p.span_id, vec![0xb2; 8]);
+        assert_eq!(p.parent_span_id, vec![0xc3; 8]);
+        assert_eq!(p.trace_state, "congo=t61");
+        assert_eq!(p.name, "chat llama-3-70b");
+        assert_eq!(p.kind, 2);
+        assert_eq!(p.start_time_unix_nano, 1_700_000_000_000_000_000);
+        assert_eq!(p.end_time_unix_nano, 1_700_000_000_500_000_000);
+        assert_eq!(p.flags, 0x303);
+        assert_eq!(p.dropped_attributes_count, 3);
+        let status = p.status.as_ref().unwrap();
+        assert_eq!(
+            (status.code, status.message.as_str()),
+            (2, "upstream timed out")
+        );
+        let attr = |k: &str| {
+            p.attributes
+                .iter()
+                .find(|kv| kv.key == k)
+                .and_then(|kv| kv.value.clone())
+                .and_then(|v| v.value)
+        };
+        assert_eq!(attr("s"), Some(Pv::StringValue("text".into())));
+        assert_eq!(attr("shared"), Some(Pv::StringValue("arc".into())));
+        assert_eq!(attr("empty"), Some(Pv::StringValue(String::new())));
+        assert_eq!(attr("i"), Some(Pv::IntValue(-42)));
+        assert_eq!(attr("zero"), Some(Pv::IntValue(0)));
+        assert_eq!(attr("d"), Some(Pv::DoubleValue(1.5)));
+        assert_eq!(attr("b"), Some(Pv::BoolValue(false)));
+        let Some(Pv::ArrayValue(arr)) = attr("a") else {
+            panic!("array")
+        };
+        let items: Vec<_> = arr.values.into_iter().filter_map(|v| v.value).collect();
+        assert_eq!(
+            items,
+            vec![
+                Pv::StringValue("stop".into()),
+                Pv::StringValue("length".into())
+            ]
+        );
+        let e = &p.events[0];
+        assert_eq!(e.name, "sluice.admitted");
+        assert_eq!(e.time_unix_nano, 1_700_000_000_100_000_000);
+        assert_eq!(
+            e.attributes[0].value.clone().unwrap().value,
+            Some(Pv::DoubleValue(12.5))
+        );
+    }
+
+    #[test]
+    fn long_messages_and_many_spans_keep_their_lengths() {
+        let resource = encode_resource(&[("service.name".into(), "x".repeat(1000))]);
+        let spans: Vec<Span> = (0..300).map(|i| sample(i % 5)).collect();
+        let mut buf = Vec::new();
+        let scope = Scope {
+            name: "sluice",
+            version: "1",
+        };
+        encode_request(&mut buf, &resource, &scope, &spans);
+        let req = decode(&buf);
+        let got = &req.resource_spans[0].scope_spans[0].spans;
+        assert_eq!(got.len(), 300);
+        assert_eq!(got[4].attributes.len(), 8 + 4);
+        assert!(buf.len() > 200_000);
+    }
+
+    #[test]
+    fn a_root_client_span_has_no_parent_and_local_flags() {
+        let mut s = sample(0);
+        s.parent_span_id = None;
+        s.parent_is_remote = false;
+        s.kind = SpanKind::Client;
+        s.status = Status::Unset;
+        s.context.flags = TraceFlags(0x01);
+        let mut buf = Vec::new();
+        let scope = Scope {
+            name: "s",
+            version: "",
+        };
+        encode_request(&mut buf, &[], &scope, [&s]);
+        let req = decode(&buf);
+        let p = &req.resource_spans[0].scope_spans[0].spans[0];
+        assert!(p.parent_span_id.is_empty());
+        assert_eq!((p.kind, p.flags), (3, 0x101));
+        assert!(p.status.is_none());
+    }
+}
