@@ -135,6 +135,8 @@ async fn dashboard_renders_pools_backends_tiers_and_decisions() {
     for needle in [
         r#"data-pool="on-demand""#.to_string(),
         r#"data-pool="spot""#.to_string(),
+        // Each pool card says what failed over and what was ejected.
+        r#"data-failover="on-demand""#.to_string(),
         format!(r#"data-backend="{}" data-healthy="true""#, od_a.addr),
         format!(r#"data-backend="{}" data-healthy="false""#, od_b.addr),
         format!(r#"data-backend="{}" data-healthy="true""#, spot.addr),

@@ -573,6 +573,31 @@ pub struct RoutingConfig {
     /// (every second until each has answered once).
     pub models_refresh_ms: u64,
     pub models_timeout_ms: u64,
+    /// Retries after failures before the first byte are at most this share of each pool's
+    /// requests, so a fleet-wide outage is not multiplied.
+    pub retry_budget: RetryBudgetConfig,
+}
+
+/// `routing.retry_budget`: per pool, retries over the last `window_ms` may be at most `ratio` of
+/// the requests first sent there in that window, or `min_retries`, whichever is more (on a quiet
+/// pool the failures that get a dead replica ejected are still retried). Linkerd's retry budget,
+/// by window.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryBudgetConfig {
+    pub ratio: f64,
+    pub window_ms: u64,
+    pub min_retries: u32,
+}
+
+impl Default for RetryBudgetConfig {
+    fn default() -> Self {
+        Self {
+            ratio: 0.2,
+            window_ms: 10_000,
+            min_retries: 10,
+        }
+    }
 }
 
 impl Default for RoutingConfig {
@@ -583,6 +608,7 @@ impl Default for RoutingConfig {
             spot_evict_queue_depth_at: t.queue_depth.critical_at,
             models_refresh_ms: 10_000,
             models_timeout_ms: 1000,
+            retry_budget: RetryBudgetConfig::default(),
         }
     }
 }

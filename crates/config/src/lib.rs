@@ -21,7 +21,7 @@ pub use error::ConfigError;
 pub use file::*;
 pub use load::{EMBEDDED_DEFAULT, EMBEDDED_TENANTS};
 pub use pools::{
-    BackendTarget, BackendTlsConfig, FallbackTarget, HealthCheckConfig, NamedPool, PoolClass,
-    PoolConfig, PoolsConfig, Selection,
+    BackendTarget, BackendTlsConfig, EjectionConfig, FallbackTarget, HealthCheckConfig, NamedPool,
+    PoolClass, PoolConfig, PoolsConfig, Selection,
 };
 pub use url::backend_of_url;

@@ -82,6 +82,13 @@ pub struct PoolConfig {
     /// lower first). Only for backends started with `--scheduling-policy priority`: vLLM
     /// refuses a non-zero priority otherwise.
     pub vllm_priority: bool,
+    /// How many times a request that failed before any byte reached its client (connection
+    /// refused or timed out, reset or closed before the response head, a 502, 503 or 504) is
+    /// sent again, each time to a replica not tried yet: of this pool, then of another pool of
+    /// its class serving its model. Within `routing.retry_budget`.
+    pub retries: u32,
+    /// Passive ejection: a replica that keeps failing is taken out of selection for a while.
+    pub ejection: EjectionConfig,
 }
 
 impl Default for PoolConfig {
@@ -95,6 +102,8 @@ impl Default for PoolConfig {
             selection: Selection::default(),
             load_bound: 1.25,
             vllm_priority: false,
+            retries: 2,
+            ejection: EjectionConfig::default(),
         }
     }
 }
@@ -276,6 +285,33 @@ impl Default for BackendTlsConfig {
             sni: None,
             ca_file: None,
             verify: true,
+        }
+    }
+}
+
+/// `pools.<pool>.ejection`: Envoy's outlier detection by consecutive failures. A replica whose
+/// last `consecutive_failures` requests failed (connect, reset, 5xx; slowness is no failure) is
+/// left out of selection for `base_ejection_ms` × the times it was ejected (that count falls by
+/// one for each `base_ejection_ms` it stays in), at most `max_ejection_ms`, never more than
+/// `max_ejected_percent` of the pool's replicas at once. A health check that passes after one
+/// failed during the ejection brings it back sooner.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EjectionConfig {
+    /// 0 turns passive ejection off for the pool.
+    pub consecutive_failures: u32,
+    pub base_ejection_ms: u64,
+    pub max_ejection_ms: u64,
+    pub max_ejected_percent: u32,
+}
+
+impl Default for EjectionConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            base_ejection_ms: 30_000,
+            max_ejection_ms: 300_000,
+            max_ejected_percent: 50,
         }
     }
 }

@@ -90,6 +90,7 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
             "models_refresh_ms and models_timeout_ms must be > 0".into(),
         );
     }
+    retry_budget(c)?;
     ledger(c)?;
     backend_tls(c)?;
 
@@ -563,7 +564,94 @@ fn pools(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The most retries a pool may ask for: each is a whole new attempt on another replica, and
+/// Pingora stops at `server.max_retries` attempts (16 by default) anyway.
+const MAX_RETRIES: u32 = 10;
+
+fn retry_budget(c: &Config) -> Result<(), ConfigError> {
+    let b = &c.routing.retry_budget;
+    let err = |key: &str, reason: String| {
+        Err(ConfigError::new(
+            &c.source,
+            format!("routing.retry_budget.{key}"),
+            reason,
+        ))
+    };
+    if !(b.ratio.is_finite() && (0.0..=1.0).contains(&b.ratio)) {
+        return err(
+            "ratio",
+            format!(
+                "{} must be a share of requests between 0 and 1 (0.2: retries at most a fifth of them)",
+                b.ratio
+            ),
+        );
+    }
+    if !(100..=3_600_000).contains(&b.window_ms) {
+        return err(
+            "window_ms",
+            format!("{} must be between 100 and 3600000", b.window_ms),
+        );
+    }
+    if b.min_retries > 1000 {
+        return err(
+            "min_retries",
+            format!("{} must be at most 1000", b.min_retries),
+        );
+    }
+    Ok(())
+}
+
+fn ejection(file: &str, base: &str, p: &PoolConfig) -> Result<(), ConfigError> {
+    let e = &p.ejection;
+    let err = |key: &str, reason: String| {
+        Err(ConfigError::new(
+            file,
+            format!("{base}.ejection.{key}"),
+            reason,
+        ))
+    };
+    if e.consecutive_failures > 1000 {
+        return err(
+            "consecutive_failures",
+            format!(
+                "{} must be at most 1000 (0 turns ejection off)",
+                e.consecutive_failures
+            ),
+        );
+    }
+    if e.consecutive_failures == 0 {
+        return Ok(());
+    }
+    if e.base_ejection_ms == 0 {
+        return err("base_ejection_ms", "must be > 0".into());
+    }
+    if e.max_ejection_ms < e.base_ejection_ms {
+        return err(
+            "max_ejection_ms",
+            format!(
+                "{} is below base_ejection_ms ({})",
+                e.max_ejection_ms, e.base_ejection_ms
+            ),
+        );
+    }
+    if e.max_ejected_percent > 100 {
+        return err(
+            "max_ejected_percent",
+            format!("{} must be at most 100", e.max_ejected_percent),
+        );
+    }
+    Ok(())
+}
+
 fn pool(file: &str, base: &str, p: &PoolConfig) -> Result<(), ConfigError> {
+    if p.retries > MAX_RETRIES {
+        return Err(ConfigError::new(
+            file,
+            format!("{base}.retries"),
+            format!("{} must be at most {MAX_RETRIES}", p.retries),
+        ));
+    }
+    ejection(file, base, p)?;
     if let Some(models) = &p.models {
         if let Some(i) = models.iter().position(|m| m.trim().is_empty()) {
             return Err(ConfigError::new(
@@ -801,4 +889,75 @@ fn limits(c: &Config) -> Result<(), ConfigError> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::file::Config;
+    use std::path::Path;
+
+    fn load(yaml: &str) -> Result<Config, crate::ConfigError> {
+        Config::from_yaml(yaml, "sluice.yaml", Path::new("."), None, &|_| None)
+    }
+
+    #[test]
+    fn retries_ejection_and_the_budget_default_as_shipped() {
+        let empty = load("{}").unwrap();
+        let shipped = Config::embedded(&|_| None).unwrap();
+        for cfg in [&empty, &shipped] {
+            let b = &cfg.routing.retry_budget;
+            assert_eq!((b.ratio, b.window_ms, b.min_retries), (0.2, 10_000, 10));
+            for p in cfg.pools.iter() {
+                assert_eq!(p.config.retries, 2, "{}", p.name);
+                assert_eq!(p.config.ejection, crate::EjectionConfig::default());
+            }
+        }
+        let e = crate::EjectionConfig::default();
+        assert_eq!(
+            (
+                e.consecutive_failures,
+                e.base_ejection_ms,
+                e.max_ejection_ms,
+                e.max_ejected_percent
+            ),
+            (5, 30_000, 300_000, 50)
+        );
+    }
+
+    #[test]
+    fn bad_retry_settings_name_their_key() {
+        for (yaml, key) in [
+            (
+                "pools: {on-demand: {backends: ['127.0.0.1:1'], retries: 11}}",
+                "pools.on-demand.retries",
+            ),
+            (
+                "pools: {on-demand: {backends: ['127.0.0.1:1'], ejection: {base_ejection_ms: 0}}}",
+                "pools.on-demand.ejection.base_ejection_ms",
+            ),
+            (
+                "pools: {on-demand: {backends: ['127.0.0.1:1'], ejection: {max_ejection_ms: 10}}}",
+                "pools.on-demand.ejection.max_ejection_ms",
+            ),
+            (
+                "pools: {on-demand: {backends: ['127.0.0.1:1'], ejection: {max_ejected_percent: 101}}}",
+                "pools.on-demand.ejection.max_ejected_percent",
+            ),
+            (
+                "routing: {retry_budget: {ratio: 1.5}}",
+                "routing.retry_budget.ratio",
+            ),
+            (
+                "routing: {retry_budget: {window_ms: 0}}",
+                "routing.retry_budget.window_ms",
+            ),
+        ] {
+            let e = load(yaml).expect_err(yaml);
+            assert_eq!(e.key, key, "{yaml}: {e}");
+            assert_eq!(e.file, "sluice.yaml");
+        }
+        // Ejection off needs no timing.
+        let off = "pools: {on-demand: {backends: ['127.0.0.1:1'], ejection: {consecutive_failures: 0, base_ejection_ms: 0}}}";
+        assert!(load(off).is_ok());
+    }
 }

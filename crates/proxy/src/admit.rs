@@ -192,8 +192,12 @@ async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx
         let retry = (rules.stability.cooldown_ms / 1000).max(1);
         return Ok(Err(Refusal::capacity(reason, tier, &state.signals, retry)));
     }
-    if let Err(r) = shape(ctx, raw, shapeable, declared) {
+    if let Err(r) = shape(ctx, raw.clone(), shapeable, declared) {
         return Ok(Err(r));
+    }
+    if ctx.new_body.is_none() {
+        // Kept (a reference, not a copy) to be sent again on a retry.
+        ctx.preread_body = raw;
     }
     // Only completions hold capacity: model listings and health probes must not queue.
     // The request's estimated tokens: its share of a contended tier and its KV work.

@@ -1,6 +1,7 @@
 //! Request-body phases: replace the body with its rewrite, byte-exact framing either way.
 //! `request_body_filter` runs after the upstream is connected and the request header sent, and
-//! again on every retry, so it must derive its output from `ctx` alone (no "already sent" flag).
+//! again on every retry ([`crate::failover`]), so it must derive its output from `ctx` alone (no
+//! "already sent" flag).
 
 use super::ctx::{BodyMode, Ctx};
 use super::ProxyState;
@@ -34,7 +35,9 @@ pub fn request_body_filter(
 ) -> Result<()> {
     match ctx.body_mode {
         BodyMode::Preread => {
-            if let Some(new) = &ctx.new_body {
+            // The rewrite, or the body as read: Sluice's own copy on every attempt, whatever
+            // Pingora's retry buffer holds.
+            if let Some(new) = ctx.new_body.as_ref().or(ctx.preread_body.as_ref()) {
                 *body = if eos {
                     Some(new.clone())
                 } else {

@@ -39,6 +39,9 @@ pub struct Ctx {
     pub queued_for: Option<Duration>,
     pub body_mode: BodyMode,
     pub new_body: Option<Bytes>,
+    /// The body as read in `request_filter` when it needs no rewrite: Sluice's own copy, sent on
+    /// every attempt (a retry included) instead of Pingora's retry buffer.
+    pub preread_body: Option<Bytes>,
     pub buffer: BytesMut,
     pub body_seen: usize,
     pub cap: Option<u32>,
@@ -60,8 +63,17 @@ pub struct Ctx {
     pub backend: Option<std::sync::Arc<str>>,
     /// Counts the request in its backend's load until the context ends.
     pub lease: Option<sluice_runtime::fleet::Lease>,
-    pub failed_backend: Option<String>,
-    pub connect_retries: u8,
+    /// The current backend's failures in a row and ejection, in its pool.
+    pub passive: Option<std::sync::Arc<sluice_runtime::pools::Passive>>,
+    /// Upstream attempts made (a retry after a failure before the first byte is one more).
+    pub attempts: u8,
+    /// The pool the first attempt went to: its `retries` and retry budget govern the request.
+    pub home_pool: Option<usize>,
+    /// The backends that failed before the current one, in order: never tried again.
+    pub tried: Vec<std::sync::Arc<str>>,
+    /// A retry granted in `upstream_response_filter` (a 502/503/504 answer), which
+    /// `error_while_proxy` then carries out.
+    pub retry_granted: bool,
     pub overhead: Option<Duration>,
     pub first_byte: Option<Instant>,
     /// When the last response chunk went out: a stream's last token.

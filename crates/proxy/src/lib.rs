@@ -1,7 +1,10 @@
 //! The Pingora glue. [`Sluice`] implements `ProxyHttp`; each phase delegates to one module:
 //! - `request_filter` ([`admit`]): tenant, body pre-read, policy, admission;
-//! - `upstream_peer` / `fail_to_connect` ([`upstream`]): the pool's healthy backend, one retry;
-//! - `request_body_filter` ([`body`]): swaps in the rewritten JSON body;
+//! - `upstream_peer` ([`upstream`]): a usable backend of the pool, one not tried yet on a retry;
+//! - `fail_to_connect`, `upstream_response_filter`, `error_while_proxy` ([`failover`]): a request
+//!   that failed before its first byte is sent to another replica, within its retries and the
+//!   pool's budget; every failure counts toward its replica's ejection;
+//! - `request_body_filter` ([`body`]): swaps in the rewritten JSON body (or Sluice's copy);
 //! - response filters and `logging` ([`outcome`]): headers, usage, the decision record, metrics.
 //!
 //! In front of all of them, [`conn_guard`] owns each client connection: connection limit,
@@ -11,6 +14,7 @@ pub mod admit;
 pub mod body;
 pub mod conn_guard;
 pub mod ctx;
+pub mod failover;
 pub mod head_check;
 pub mod outcome;
 pub mod respond;
@@ -23,7 +27,7 @@ use bytes::Bytes;
 use ctx::Ctx;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
-use pingora::proxy::FailToProxy;
+use pingora::proxy::{FailToProxy, ProxyWarnLogContext};
 use sluice_config::tenancy::TenantDirectory;
 use sluice_config::Config;
 use sluice_record::DecisionSink;
@@ -101,12 +105,33 @@ impl ProxyHttp for Sluice {
 
     fn fail_to_connect(
         &self,
-        _s: &mut Session,
-        peer: &HttpPeer,
+        session: &mut Session,
+        _peer: &HttpPeer,
         ctx: &mut Self::CTX,
         e: Box<Error>,
     ) -> Box<Error> {
-        upstream::fail_to_connect(&self.app, peer, ctx, e)
+        upstream::fail_to_connect(&self.app, session, ctx, e)
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Self::CTX,
+        _client_reused: bool,
+    ) -> Box<Error> {
+        let e = e.more_context(format!("Peer: {peer}"));
+        failover::error_while_proxy(&self.app, session, e, ctx)
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        failover::upstream_response(&self.app, session, resp.status.as_u16(), ctx)
     }
 
     async fn upstream_request_filter(
@@ -158,6 +183,17 @@ impl ProxyHttp for Sluice {
         ctx: &mut Self::CTX,
     ) -> FailToProxy {
         outcome::fail_to_proxy(&self.app, session, e, ctx).await
+    }
+
+    fn suppress_proxy_warn_log(
+        &self,
+        _s: &Session,
+        _ctx: &Self::CTX,
+        _e: &Error,
+        context: ProxyWarnLogContext,
+    ) -> bool {
+        // Each retry has its own `upstream_retry` line, with the request id ([`failover`]).
+        matches!(context, ProxyWarnLogContext::UpstreamRetry)
     }
 
     fn suppress_error_log(&self, _s: &Session, ctx: &Self::CTX, _e: &Error) -> bool {

@@ -148,8 +148,9 @@ pub async fn fail_to_proxy(
             .with_label_values(&[pool, kind.as_str()])
             .inc();
     }
-    // Once the response has started (a stream cut mid-way), an error body would corrupt it.
-    if code == 0 || session.response_written().is_some() {
+    // Once the response has started (a stream cut mid-way), an error body would corrupt it. A
+    // `100 Continue` Sluice sent for the body is no start: the error still gets its answer.
+    if code == 0 || !super::failover::nothing_sent(session) {
         if let Some(resp) = session.response_written() {
             ctx.status = resp.status.as_u16();
         }
@@ -164,7 +165,8 @@ pub async fn fail_to_proxy(
         target: "sluice::proxy",
         "{}",
         serde_json::json!({"event": "request_failed", "request_id": ctx.request_id,
-                           "status": code, "kind": kind, "detail": e.to_string()})
+                           "status": code, "kind": kind, "detail": e.to_string(),
+                           "attempts": ctx.attempts, "tried": &ctx.tried})
     );
     let (reason, body) = match code {
         503 => (

@@ -1,11 +1,11 @@
-//! Choosing the backend: the decision's pool, a backend that has passed a health check, and
-//! one retry on another backend of the same pool when the connection could not be made (the
-//! request was never sent, so the retry cannot duplicate a generation).
+//! Choosing the backend: the decision's pool and a backend of it that has passed a health check
+//! and is not ejected; on a retry ([`crate::failover`]) one the request has not tried, of its
+//! pool, then of another pool of its class serving its model.
 
 use super::ctx::Ctx;
+use super::failover;
 use super::ProxyState;
 use pingora::prelude::*;
-use pingora::upstreams::peer::Peer;
 use sluice_config::PoolClass;
 use sluice_policy::Reason;
 use sluice_record::Verdict;
@@ -28,7 +28,8 @@ pub fn upstream_peer(
         .as_deref()
         .or_else(|| ctx.facts.as_ref().and_then(|f| f.model.as_deref()));
     let routes = ctx.snapshot.as_ref().map(|s| &s.routes);
-    let pick = |index: usize, exclude: Option<&str>| {
+    let exclude = &ctx.tried[..];
+    let pick = |index: usize| {
         let h = pools.get(index)?;
         let models = routes
             .and_then(|r| r.pools.get(index))
@@ -41,15 +42,27 @@ pub fn upstream_peer(
         };
         pools.select(h, want)
     };
-    let exclude = ctx.failed_backend.as_deref();
-    let mut picked = pick(index, exclude);
-    // Spot emptied between the decision and now: Best-Effort is evicted, not failed.
-    let spot = pools.get(index).is_some_and(|h| h.class == PoolClass::Spot);
-    if let (None, true, Some(route)) = (&picked, spot, ctx.route) {
-        if route.primary != index {
-            index = route.primary;
-            ctx.route_reason = Some(Reason::RouteSpotUnhealthy);
-            picked = pick(index, exclude);
+    let retry = ctx.attempts > 0;
+    let mut picked = None;
+    if retry {
+        // Its pool first, then the other pools of that class serving its model.
+        for p in failover::retry_pools(app, ctx) {
+            picked = pick(p);
+            if picked.is_some() {
+                index = p;
+                break;
+            }
+        }
+    } else {
+        picked = pick(index);
+        // Spot emptied between the decision and now: Best-Effort is evicted, not failed.
+        let spot = pools.get(index).is_some_and(|h| h.class == PoolClass::Spot);
+        if let (None, true, Some(route)) = (&picked, spot, ctx.route) {
+            if route.primary != index {
+                index = route.primary;
+                ctx.route_reason = Some(Reason::RouteSpotUnhealthy);
+                picked = pick(index);
+            }
         }
     }
     let Some((backend, info)) = picked else {
@@ -63,8 +76,22 @@ pub fn upstream_peer(
     };
     ctx.pool = Some(index);
     ctx.pool_label = pools.get(index).map(|h| h.label);
-    // A retry after a failed connect moves the request: the first backend's count goes back.
+    if retry {
+        // The body goes again from its start (the retry buffer or Sluice's copy).
+        ctx.body_seen = 0;
+    } else {
+        // The request counts once in its pool's retry budget, where its retries are spent; by
+        // its arrival, which saves reading the clock again.
+        ctx.home_pool = Some(index);
+        if let Some(h) = pools.get(index) {
+            h.budget
+                .request(ctx.started.unwrap_or_else(std::time::Instant::now));
+        }
+    }
+    ctx.attempts = ctx.attempts.saturating_add(1);
+    // A retry moves the request: the previous backend's count goes back.
     ctx.lease = Some(info.load.lease());
+    ctx.passive = Some(info.passive);
     ctx.backend = Some(info.name);
     let limits = &app.config.load().limits;
     let tls = info.tls;
@@ -90,11 +117,12 @@ pub fn upstream_peer(
     Ok(Box::new(peer))
 }
 
+/// `fail_to_connect`: counted per pool, then failed over ([`failover::fail_to_connect`]).
 pub fn fail_to_connect(
     app: &ProxyState,
-    peer: &HttpPeer,
+    session: &Session,
     ctx: &mut Ctx,
-    mut e: Box<Error>,
+    e: Box<Error>,
 ) -> Box<Error> {
     let pool = ctx
         .pool
@@ -104,10 +132,5 @@ pub fn fail_to_connect(
         .upstream_errors
         .with_label_values(&[pool, "connect"])
         .inc();
-    if ctx.connect_retries == 0 {
-        ctx.connect_retries = 1;
-        ctx.failed_backend = Some(peer.address().to_string());
-        e.set_retry(true);
-    }
-    e
+    failover::fail_to_connect(app, session, ctx, e)
 }

@@ -86,6 +86,15 @@ impl ApiError {
         }
     }
 
+    /// A server error of the given status (`PUT /admin/fail {"mode": "status"}`).
+    pub(crate) fn status(status: u16) -> Self {
+        Self {
+            status,
+            kind: "InternalServerError",
+            message: format!("The simulator answers {status} (admin/fail)."),
+        }
+    }
+
     pub(crate) fn context_length(budget: u64, prompt: u64, completion: u64) -> Self {
         Self::bad_request(format!(
             "This model's maximum context length is {budget} tokens. However, you requested {} \

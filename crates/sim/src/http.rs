@@ -1,9 +1,9 @@
 //! Request routing for the simulator's HTTP/1.1 server: the vLLM OpenAI endpoints, vLLM's LoRA
 //! and prefix-cache endpoints, `/health`, `/metrics`, and the `/admin` switches tests use.
 
-use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::admin::Failing;
 use super::api::{self, ApiError, Endpoint, ResponseMeta};
 use super::generate::{self, Job};
 use super::metrics::Gauges;
@@ -39,24 +40,67 @@ const X_SIM_QUEUE_MS: HeaderName = HeaderName::from_static("x-sim-queue-ms");
 /// Prompt tokens of a non-streamed request that the prefix cache served.
 const X_SIM_CACHED_TOKENS: HeaderName = HeaderName::from_static("x-sim-cached-tokens");
 
+/// One client connection: set when the simulator resets it (`PUT /admin/fail`), so it is closed
+/// with an RST rather than a FIN once hyper lets go of it.
+#[derive(Default)]
+pub(crate) struct Conn {
+    pub reset: AtomicBool,
+}
+
+/// The error that makes hyper drop a connection without (the rest of) a response: the
+/// simulator resetting it on purpose.
+#[derive(Debug)]
+pub(crate) struct Reset;
+
+impl std::fmt::Display for Reset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection reset by the simulator (admin/fail)")
+    }
+}
+
+impl std::error::Error for Reset {}
+
 /// A response body that is either complete up front or fed event by event from a generator
-/// task, each event becoming its own chunk on the wire as soon as it is produced.
+/// task, each event becoming its own chunk on the wire as soon as it is produced; or such a
+/// stream that is cut, its connection closed mid-body, after some events.
 pub(crate) enum SimBody {
     Full(Option<Bytes>),
     Channel(mpsc::Receiver<Bytes>),
+    Cut {
+        rx: mpsc::Receiver<Bytes>,
+        left: u32,
+        /// Started after the last event, so hyper flushes the events before the cut.
+        pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    },
 }
+
+/// How long a cut stream's last events have to leave before its connection is closed.
+const CUT_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl Body for SimBody {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = Reset;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Reset>>> {
         match self.get_mut() {
             SimBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             SimBody::Channel(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+            SimBody::Cut { left: 0, pause, .. } => {
+                let pause = pause.get_or_insert_with(|| Box::pin(tokio::time::sleep(CUT_PAUSE)));
+                match pause.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Reset))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+            SimBody::Cut { rx, left, .. } => rx.poll_recv(cx).map(|b| {
+                b.map(|b| {
+                    *left -= 1;
+                    Ok(Frame::data(b))
+                })
+            }),
         }
     }
 
@@ -67,7 +111,7 @@ impl Body for SimBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             SimBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            SimBody::Channel(_) => SizeHint::default(),
+            SimBody::Channel(_) | SimBody::Cut { .. } => SizeHint::default(),
         }
     }
 }
@@ -108,6 +152,7 @@ enum Route {
     AdminHealth,
     AdminLatency,
     AdminKv,
+    AdminFail,
     AdminStats,
     AdminReset,
 }
@@ -126,6 +171,7 @@ impl Route {
             "/admin/health" => Route::AdminHealth,
             "/admin/latency" => Route::AdminLatency,
             "/admin/kv" => Route::AdminKv,
+            "/admin/fail" => Route::AdminFail,
             "/admin/stats" => Route::AdminStats,
             "/admin/reset" => Route::AdminReset,
             _ => return None,
@@ -142,18 +188,20 @@ impl Route {
             Route::Models | Route::Health | Route::Metrics | Route::AdminStats => {
                 m == Method::GET || m == Method::HEAD
             }
-            Route::AdminHealth | Route::AdminLatency | Route::AdminKv => {
+            Route::AdminHealth | Route::AdminLatency | Route::AdminKv | Route::AdminFail => {
                 m == Method::PUT || m == Method::POST
             }
         }
     }
 }
 
-/// The hyper service: never fails, every problem becomes an HTTP error response.
+/// The hyper service: every problem becomes an HTTP error response; it fails only to reset the
+/// connection on purpose (`PUT /admin/fail {"mode": "reset"}`).
 pub(crate) async fn handle(
     sim: Arc<Sim>,
+    conn: Arc<Conn>,
     req: Request<Incoming>,
-) -> Result<Response<SimBody>, Infallible> {
+) -> Result<Response<SimBody>, Reset> {
     let Some(route) = Route::from_path(req.uri().path()) else {
         return Ok(error_response(&ApiError::not_found("Not Found")));
     };
@@ -161,7 +209,7 @@ pub(crate) async fn handle(
         return Ok(error_response(&ApiError::method_not_allowed()));
     }
     Ok(match route {
-        Route::Completion(endpoint) => completion(sim, req, endpoint).await,
+        Route::Completion(endpoint) => completion(sim, conn, req, endpoint).await?,
         Route::Models => models(&sim),
         Route::LoadLora | Route::UnloadLora => lora(&sim, req, route).await,
         Route::ResetPrefixCache => {
@@ -172,14 +220,14 @@ pub(crate) async fn handle(
             respond(StatusCode::OK, None, Bytes::new())
         }
         Route::Health => {
-            if sim.admin.get().healthy {
+            if sim.admin.healthy() {
                 respond(StatusCode::OK, None, Bytes::new())
             } else {
                 respond(StatusCode::SERVICE_UNAVAILABLE, None, Bytes::new())
             }
         }
         Route::Metrics => metrics(&sim),
-        Route::AdminHealth | Route::AdminLatency | Route::AdminKv => {
+        Route::AdminHealth | Route::AdminLatency | Route::AdminKv | Route::AdminFail => {
             admin_switch(&sim, req, route).await
         }
         Route::AdminStats => json_response(StatusCode::OK, &stats(&sim)),
@@ -207,28 +255,30 @@ fn header_string(req: &Request<Incoming>, name: impl http::header::AsHeaderName)
 
 async fn completion(
     sim: Arc<Sim>,
+    conn: Arc<Conn>,
     req: Request<Incoming>,
     endpoint: Endpoint,
-) -> Response<SimBody> {
+) -> Result<Response<SimBody>, Reset> {
     let arrived = Instant::now();
     let request_id = req.headers().get(X_REQUEST_ID).cloned();
     let id_text = request_id
         .as_ref()
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    let mut resp = completion_inner(sim, req, endpoint, arrived, id_text).await;
+    let mut resp = completion_inner(sim, conn, req, endpoint, arrived, id_text).await?;
     if let Some(id) = request_id {
         resp.headers_mut().insert(X_REQUEST_ID, id);
     }
-    resp
+    Ok(resp)
 }
 
 async fn completion_inner(
     sim: Arc<Sim>,
+    conn: Arc<Conn>,
     req: Request<Incoming>,
     endpoint: Endpoint,
     arrived: Instant,
     request_id: Option<String>,
-) -> Response<SimBody> {
+) -> Result<Response<SimBody>, Reset> {
     let path = req.uri().path().to_string();
     let content_length = header_string(&req, CONTENT_LENGTH);
     let tenant = header_string(&req, X_TENANT_ID);
@@ -243,19 +293,27 @@ async fn completion_inner(
         Some(m) => m.to_string(),
         None => sim.models.default_model().to_string(),
     });
-    sim.stats.received(
-        Recent::new(&path, value, content_length, tenant),
-        model.as_deref(),
-    );
+    let mut recent = Recent::new(&path, value, content_length, tenant);
+    recent.body_bytes = body.as_ref().map_or(0, |b| b.len());
+    sim.stats.received(recent, model.as_deref());
 
-    if !sim.admin.get().healthy {
-        return error_response(&ApiError::unavailable());
-    }
+    let cut = match sim.admin.take_failure() {
+        Failing::No => None,
+        Failing::Reset => {
+            conn.reset.store(true, Ordering::Relaxed);
+            return Err(Reset);
+        }
+        Failing::Status(503) => return Ok(error_response(&ApiError::unavailable())),
+        Failing::Status(code) => return Ok(error_response(&ApiError::status(code))),
+        Failing::Cut(after) => Some(after),
+    };
     let value = match (body, parsed) {
-        (Err(e), _) => return error_response(&e),
+        (Err(e), _) => return Ok(error_response(&e)),
         (Ok(_), Some(Ok(v))) => v,
         (Ok(_), _) => {
-            return error_response(&ApiError::bad_request("Invalid JSON in request body"))
+            return Ok(error_response(&ApiError::bad_request(
+                "Invalid JSON in request body",
+            )))
         }
     };
     let names = sim.models.served();
@@ -263,21 +321,21 @@ async fn completion_inner(
         .and_then(|n| api::parse_request(endpoint, &value, &names, sim.default_max_tokens, n))
     {
         Ok(s) => s,
-        Err(e) => return error_response(&e),
+        Err(e) => return Ok(error_response(&e)),
     };
     if spec.priority != 0 && sim.scheduling_policy == SchedulingPolicy::Fcfs {
-        return error_response(&ApiError::priority_disabled(spec.priority));
+        return Ok(error_response(&ApiError::priority_disabled(spec.priority)));
     }
     let need = sim
         .engine
         .footprint(spec.prompt_tokens, spec.completion_tokens, spec.max_tokens);
     let budget = sim.engine.budget();
     if need.reserved > budget {
-        return error_response(&ApiError::context_length(
+        return Ok(error_response(&ApiError::context_length(
             budget,
             spec.prompt_tokens,
             need.reserved.saturating_sub(spec.prompt_tokens),
-        ));
+        )));
     }
 
     let id = sim.next_id.fetch_add(1, Ordering::Relaxed);
@@ -311,7 +369,15 @@ async fn completion_inner(
         let frames = api::sse_frames(&meta, &job.spec);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(generate::stream(Arc::clone(&sim), job, frames, tx));
-        let mut resp = Response::new(SimBody::Channel(rx));
+        let body = match cut {
+            None => SimBody::Channel(rx),
+            Some(left) => SimBody::Cut {
+                rx,
+                left,
+                pause: None,
+            },
+        };
+        let mut resp = Response::new(body);
         let h = resp.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -320,11 +386,11 @@ async fn completion_inner(
         let served = match generate::complete(&sim, &job).await {
             Ok(s) => s,
             Err(e) => {
-                return error_response(&ApiError::context_length(
+                return Ok(error_response(&ApiError::context_length(
                     e.budget,
                     job.spec.prompt_tokens,
                     e.need.saturating_sub(job.spec.prompt_tokens),
-                ))
+                )))
             }
         };
         let mut resp = respond(
@@ -343,7 +409,7 @@ async fn completion_inner(
     if let Some(m) = model_header {
         resp.headers_mut().insert(X_SIM_MODEL, m);
     }
-    resp
+    Ok(resp)
 }
 
 fn unix_now() -> u64 {
@@ -416,6 +482,12 @@ async fn admin_switch(sim: &Sim, req: Request<Incoming>, route: Route) -> Respon
     let result = match route {
         Route::AdminHealth => sim.admin.set_health(&value),
         Route::AdminLatency => sim.admin.set_latency(&value),
+        Route::AdminFail => sim.admin.set_fail(&value).map(|(switches, refuse)| {
+            if let Some(d) = refuse {
+                sim.refuse(d);
+            }
+            switches
+        }),
         _ => sim.admin.set_kv(&value),
     };
     match result.and_then(|s| serde_json::to_value(s).map_err(|e| e.to_string())) {

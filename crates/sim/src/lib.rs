@@ -122,6 +122,18 @@ pub(crate) struct Sim {
     admin: Admin,
     stats: Stats,
     metrics: Metrics,
+    /// `PUT /admin/fail {"mode": "refuse"}`: how long the accept loop refuses connections.
+    refuse: tokio::sync::watch::Sender<Option<Duration>>,
+    /// Bumped to reset every open connection.
+    kill: tokio::sync::watch::Sender<u64>,
+}
+
+impl Sim {
+    /// Closes the listener and resets every open connection for `d`: what a client sees of a
+    /// replica whose process died, until it listens again.
+    pub(crate) fn refuse(&self, d: Duration) {
+        self.refuse.send_replace(Some(d));
+    }
 }
 
 fn invalid(msg: &str) -> io::Error {
@@ -175,6 +187,8 @@ impl Sim {
             next_id: AtomicU64::new(1),
             admin: Admin::default(),
             stats: Stats::default(),
+            refuse: tokio::sync::watch::channel(None).0,
+            kill: tokio::sync::watch::channel(0).0,
         })
     }
 }
@@ -182,29 +196,82 @@ impl Sim {
 /// Serves the simulator on `listener` until the process ends.
 pub async fn serve(args: SimArgs, listener: TcpListener) -> io::Result<()> {
     let sim = Arc::new(Sim::new(args)?);
+    let addr = listener.local_addr()?;
+    let mut listener = listener;
+    let mut refuse = sim.refuse.subscribe();
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(conn) => conn,
-            Err(e) => {
-                // Usually fd exhaustion under a benchmark; back off instead of spinning.
-                log::warn!("sluice sim: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        let (stream, _) = tokio::select! {
+            conn = listener.accept() => match conn {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Usually fd exhaustion under a benchmark; back off instead of spinning.
+                    log::warn!("sluice sim: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            Ok(()) = refuse.changed() => {
+                let Some(d) = *refuse.borrow_and_update() else { continue };
+                listener = refuse_for(&sim, listener, addr, d).await?;
                 continue;
             }
         };
         // SSE chunks are tiny; Nagle would hold them back and blur chunk timing.
         let _ = stream.set_nodelay(true);
-        let sim = Arc::clone(&sim);
-        tokio::spawn(async move {
-            let service = service_fn(move |req| http::handle(Arc::clone(&sim), req));
-            if let Err(e) = http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                log::debug!("sluice sim: connection ended: {e}");
+        tokio::spawn(connection(Arc::clone(&sim), stream));
+    }
+}
+
+/// Closes `listener` (connections to `addr` are refused), resets every open connection once the
+/// admin answer that asked for it has left, waits `d` and listens on `addr` again.
+async fn refuse_for(
+    sim: &Sim,
+    listener: TcpListener,
+    addr: std::net::SocketAddr,
+    d: Duration,
+) -> io::Result<TcpListener> {
+    drop(listener);
+    let until = tokio::time::Instant::now() + d;
+    tokio::time::sleep(Duration::from_millis(20).min(d)).await;
+    sim.kill.send_modify(|n| *n += 1);
+    tokio::time::sleep_until(until).await;
+    // The port is ours until the address is reused by someone else; keep trying a while.
+    let mut tries = 0;
+    let listener = loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(e) if tries < 100 => {
+                tries += 1;
+                log::warn!("sluice sim: listening again on {addr}: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-        });
+            Err(e) => return Err(e),
+        }
+    };
+    sim.admin.refused();
+    Ok(listener)
+}
+
+/// One client connection, until it ends or the simulator resets it (`PUT /admin/fail`): a reset
+/// connection is closed with an RST.
+async fn connection(sim: Arc<Sim>, mut stream: tokio::net::TcpStream) {
+    let conn = Arc::new(http::Conn::default());
+    let mut kill = sim.kill.subscribe();
+    {
+        let (sim, c) = (Arc::clone(&sim), Arc::clone(&conn));
+        let service = service_fn(move |req| http::handle(Arc::clone(&sim), Arc::clone(&c), req));
+        let serving = http1::Builder::new()
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(&mut stream), service);
+        tokio::select! {
+            ended = serving => if let Err(e) = ended {
+                log::debug!("sluice sim: connection ended: {e}");
+            },
+            _ = kill.changed() => conn.reset.store(true, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+    if conn.reset.load(std::sync::atomic::Ordering::Relaxed) {
+        let _ = stream.set_zero_linger();
     }
 }
 
@@ -834,5 +901,132 @@ mod tests {
             stats(&client, &base).await["requests_by_model"],
             json!({"fixed": 1, "late": 3})
         );
+    }
+
+    /// Reads what a bare connection gets until the simulator closes it: the bytes, and whether
+    /// it ended with a reset.
+    async fn read_to_end(mut s: tokio::net::TcpStream) -> (Vec<u8>, bool) {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+                Ok(Ok(0)) => return (got, false),
+                Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+                Ok(Err(e)) => {
+                    assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
+                    return (got, true);
+                }
+                Err(_) => panic!("the simulator kept the connection open"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn admin_fail_resets_cuts_refuses_and_answers_errors() {
+        let (base, client) = start().await;
+        let fail = |body: Value| {
+            let (client, base) = (client.clone(), base.clone());
+            async move {
+                let (status, _, b) =
+                    call(&client, "PUT", format!("{base}/admin/fail"), Some(body)).await;
+                assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+            }
+        };
+        let msgs = json!([{"role": "user", "content": "hello"}]);
+
+        // Reset: the request is read (counted), then the connection is reset before any byte.
+        fail(json!({"mode": "reset", "count": 1})).await;
+        let conn = raw_chat(&base, json!({"messages": msgs, "max_tokens": 4})).await;
+        let (got, reset) = read_to_end(conn).await;
+        assert!(got.is_empty() && reset, "{}", String::from_utf8_lossy(&got));
+        assert_eq!(stats(&client, &base).await["received"], 1);
+        // Counted down: the next one is served.
+        let chat = format!("{base}/v1/chat/completions");
+        let (status, _, _) = call(
+            &client,
+            "POST",
+            chat.clone(),
+            Some(json!({"messages": msgs, "max_tokens": 4})),
+        )
+        .await;
+        assert_eq!(status, 200);
+
+        // A status: completions get it, /health stays up.
+        fail(json!({"mode": "status", "status": 502})).await;
+        let (status, _, _) = call(
+            &client,
+            "POST",
+            chat.clone(),
+            Some(json!({"messages": msgs})),
+        )
+        .await;
+        assert_eq!(status, 502);
+        assert_eq!(
+            call(&client, "GET", format!("{base}/health"), None).await.0,
+            200
+        );
+        // Unavailable: both answer 503.
+        fail(json!({"mode": "unavailable"})).await;
+        assert_eq!(
+            call(&client, "GET", format!("{base}/health"), None).await.0,
+            503
+        );
+        let (status, _, _) = call(
+            &client,
+            "POST",
+            chat.clone(),
+            Some(json!({"messages": msgs})),
+        )
+        .await;
+        assert_eq!(status, 503);
+
+        // Cut: a stream's connection is closed after three events, its chunked body unfinished.
+        fail(json!({"mode": "cut", "after_events": 3})).await;
+        let conn = raw_chat(
+            &base,
+            json!({"messages": msgs, "max_tokens": 20, "stream": true}),
+        )
+        .await;
+        let (got, _) = read_to_end(conn).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert_eq!(text.matches("data:").count(), 3, "{text}");
+        assert!(
+            !text.contains("[DONE]") && !text.ends_with("0\r\n\r\n"),
+            "{text}"
+        );
+        fail(json!({"mode": "none"})).await;
+
+        // Refuse: nothing connects for a while, then the same address serves again.
+        fail(json!({"mode": "refuse", "for_ms": 400})).await;
+        let addr = base.trim_start_matches("http://").to_string();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let refused = tokio::net::TcpStream::connect(&addr).await;
+        assert_eq!(
+            refused.map(|_| ()).unwrap_err().kind(),
+            io::ErrorKind::ConnectionRefused
+        );
+        let start = std::time::Instant::now();
+        loop {
+            if tokio::net::TcpStream::connect(&addr).await.is_ok() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "never listened again"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let fresh: TestClient = Client::builder(TokioExecutor::new()).build_http();
+        let (status, _, _) = call(
+            &fresh,
+            "POST",
+            chat,
+            Some(json!({"messages": msgs, "max_tokens": 2})),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert_eq!(stats(&fresh, &base).await["switches"]["fail"], "none");
     }
 }

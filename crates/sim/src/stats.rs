@@ -22,6 +22,8 @@ pub(crate) struct Recent {
     /// The raw header, to check that a proxy which rewrote the body also fixed its length.
     pub content_length: Option<String>,
     pub tenant: Option<String>,
+    /// The body's bytes as received (a body resent on failover arrives whole).
+    pub body_bytes: usize,
 }
 
 impl Recent {
@@ -40,6 +42,7 @@ impl Recent {
             max_completion_tokens: field("max_completion_tokens"),
             content_length,
             tenant,
+            body_bytes: 0,
         }
     }
 }

@@ -5,7 +5,8 @@
 //! Span names follow the GenAI inference convention, `{gen_ai.operation.name}
 //! {gen_ai.request.model}` ([`span_name`]): `chat llama-3-70b`, `text_completion llama-3-8b`.
 
-use crate::span::Key;
+/// An attribute name (the same type as `span::Key`, named here so the names need no span).
+type Key = &'static str;
 
 // GenAI (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/)
 /// `chat`, `text_completion`, `embeddings` ([`operation_for_path`]).

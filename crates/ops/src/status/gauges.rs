@@ -4,6 +4,8 @@ use super::{active_fallback, dependencies, SIGNALS};
 use crate::state::OpsState;
 use sluice_policy::slo::Dim;
 use sluice_policy::{PolicyMode, SignalKind, Tier};
+use sluice_runtime::metrics::catch_up;
+use sluice_runtime::pools::{FailureCause, RetryDenied};
 
 pub fn refresh_gauges(app: &OpsState) {
     let m = &app.metrics;
@@ -157,8 +159,21 @@ pub fn refresh_gauges(app: &OpsState) {
         m.dependency_up.with_label_values(&[dep]).set(i64::from(up));
     }
     for h in app.pools.all() {
+        // The pools own the totals; the counters catch up to them (never go back).
+        for cause in FailureCause::ALL {
+            let labels = [h.label, cause.as_str()];
+            catch_up(&m.upstream_retries, &labels, h.stats.retries(cause));
+            catch_up(&m.backend_ejections, &labels, h.stats.ejections(cause));
+        }
+        for why in RetryDenied::ALL {
+            let labels = [h.label, why.as_str()];
+            catch_up(&m.upstream_retries_denied, &labels, h.stats.denials(why));
+        }
         for b in app.pools.status(h).backends {
             let labels = [h.label, b.backend.as_str()];
+            m.backend_ejected
+                .with_label_values(&labels)
+                .set(i64::from(b.ejected.is_some()));
             m.backend_healthy
                 .with_label_values(&labels)
                 .set(i64::from(b.healthy));

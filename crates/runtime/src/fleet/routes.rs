@@ -77,6 +77,13 @@ impl PoolModels {
         Some(v)
     }
 
+    /// Whether a backend of the pool is known to serve `model`.
+    pub fn serves_model(&self, model: &str) -> bool {
+        self.backends
+            .values()
+            .any(|s| s.as_ref().is_some_and(|s| s.contains(model)))
+    }
+
     /// Whether `backend` can take a request for `model` (`None`: the request names none).
     pub fn serves(&self, backend: &str, model: Option<&str>) -> bool {
         let Some(model) = model else { return true };

@@ -64,6 +64,13 @@ pub struct Metrics {
     pub backend_healthy: IntGaugeVec,
     pub backend_inflight: IntGaugeVec,
     pub backend_share: GaugeVec,
+    /// Retries of requests that failed before their first byte, by the pool they failed in and
+    /// cause; failures not retried, by why; ejections of replicas, by cause; and which replicas
+    /// are ejected now. Mirrored from the pools' own counts when `/metrics` is rendered.
+    pub upstream_retries: IntCounterVec,
+    pub upstream_retries_denied: IntCounterVec,
+    pub backend_ejections: IntCounterVec,
+    pub backend_ejected: IntGaugeVec,
     /// Coordinator events counted by the coordinator itself (fail-open admissions, reclaimed and
     /// lost leases), mirrored here when `/metrics` is rendered.
     pub coordinator_events: IntCounterVec,
@@ -170,6 +177,10 @@ impl Metrics {
             backend_healthy: igauge("sluice_backend_healthy", "1 when the backend is usable (passed a health check and is healthy).", &["pool", "backend"]),
             backend_inflight: igauge("sluice_backend_inflight", "Requests Sluice has in flight on the backend now (what least-load and the prefix affinity's load bound count).", &["pool", "backend"]),
             backend_share: gauge("sluice_backend_share", "The backend's share of its pool's requests since start (0-1).", &["pool", "backend"]),
+            upstream_retries: counter("sluice_upstream_retries_total", "Requests sent again to another replica after failing before their first byte, by the pool they failed in and cause (connect, reset, 5xx).", &["pool", "cause"]),
+            upstream_retries_denied: counter("sluice_upstream_retries_denied_total", "Failures before the first byte that were not sent again, by pool and why: budget (routing.retry_budget spent), limit (the pool's retries used up), no_replica (none left untried).", &["pool", "reason"]),
+            backend_ejections: counter("sluice_backend_ejections_total", "Replicas taken out of selection for failing in a row (pools.<name>.ejection), by pool and the last failure's cause.", &["pool", "cause"]),
+            backend_ejected: igauge("sluice_backend_ejected", "1 while the backend is ejected from its pool for failing.", &["pool", "backend"]),
             coordinator_events: counter("sluice_coordinator_events_total", "Admission coordinator events: fail_open (admitted while Redis was unreachable), reclaimed_lease (a dead replica's slot returned), lost_lease (a live replica's lease expired).", &["event"]),
             signal_available: igauge("sluice_signal_available", "1 when the pool's signal has a fresh value, 0 when unavailable (value absent).", &["pool", "signal"]),
             spot_state: single("sluice_spot_state", "Spot pool's own pressure against the eviction thresholds: 0 Normal, 2 Critical (Best-Effort evicted to on-demand)."),
@@ -225,6 +236,13 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
     }
+}
+
+/// Raises the counter `labels` of `vec`, which mirrors a count kept elsewhere, to `total` (a
+/// counter never goes back).
+pub fn catch_up(vec: &IntCounterVec, labels: &[&str], total: u64) {
+    let c = vec.with_label_values(labels);
+    c.inc_by(total.saturating_sub(c.get()));
 }
 
 /// What one request's outcome adds to the request-path metrics.

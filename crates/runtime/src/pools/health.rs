@@ -121,6 +121,19 @@ impl HealthCheck for RecordingCheck {
             ),
         };
         self.registry.record(BackendKey::of(target), &result);
+        // A replica ejected for failing requests comes back once a check that passes follows
+        // one that failed during the ejection.
+        let info = target.addr.as_inet().and_then(|a| self.infos.get(a));
+        if let Some(info) = info {
+            if info.passive.checked(result.is_ok(), Instant::now()) {
+                self.registry.generation.fetch_add(1, Ordering::Release);
+                log::warn!(
+                    "{}",
+                    serde_json::json!({"event": "backend_returned", "backend": &*info.name,
+                                       "why": "health_check_passed"})
+                );
+            }
+        }
         result
     }
 
@@ -178,6 +191,7 @@ pub(super) fn balancer(
                 name: name.into(),
                 tls: tls.cloned(),
                 load,
+                passive: Default::default(),
             });
         }
     }

@@ -1,13 +1,20 @@
 //! Backend pools: one Pingora `LoadBalancer` per configured pool, each health-checked by its own
 //! background service ([`health`]); the models each serves, declared or discovered
-//! ([`discovery`]), published as the routing table; and the replica a request goes to
-//! ([`select`]).
+//! ([`discovery`]), published as the routing table; the replica a request goes to
+//! ([`select`]); and what a request that failed before its first byte may do next: the replicas
+//! passively ejected for failing ([`eject`]) and each pool's retry budget ([`budget`]).
 
+mod budget;
 mod discovery;
+mod eject;
 mod health;
 mod select;
 
+pub use budget::{BudgetCheck, RetryBudget};
 pub use discovery::ModelDiscovery;
+pub use eject::{
+    ejection_time, may_eject, times_when_ejected, Ejected, EjectionStatus, FailureCause, Passive,
+};
 pub use health::HealthRegistry;
 pub use select::Want;
 
@@ -20,9 +27,9 @@ use pingora::prelude::RoundRobin;
 use pingora::services::background::{background_service, GenBackgroundService};
 use select::UsableSet;
 use serde::Serialize;
-use sluice_config::{Config, PoolClass, Selection};
+use sluice_config::{Config, EjectionConfig, PoolClass, Selection};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +47,8 @@ pub struct BackendInfo {
     pub name: Arc<str>,
     pub tls: Option<Arc<UpstreamTls>>,
     pub load: Arc<BackendLoad>,
+    /// Its failures in a row and ejection, in this pool.
+    pub passive: Arc<Passive>,
 }
 
 /// The [`BackendInfo`] of each backend of one pool, by address.
@@ -66,6 +75,79 @@ pub struct PoolHandle {
     usable: ArcSwapOption<UsableSet>,
     /// Where prompt heads live, kept across health changes.
     homes: select::Homes,
+    /// `pools.<name>.retries`: times a request first sent here may be sent again.
+    pub retries: u32,
+    pub ejection: EjectionConfig,
+    /// Retries of requests first sent here, against those requests.
+    pub budget: RetryBudget,
+    pub stats: PoolStats,
+    /// Held while deciding an ejection, so two replicas failing at once cannot both take the
+    /// last place the pool's share allows.
+    eject_lock: std::sync::Mutex<()>,
+}
+
+/// Why a request that failed before its first byte was not sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryDenied {
+    /// The pool's retry budget is spent for now.
+    Budget,
+    /// The request had its `retries` already.
+    Limit,
+    /// No replica it has not tried is usable.
+    NoReplica,
+}
+
+impl RetryDenied {
+    pub const ALL: [RetryDenied; 3] = [
+        RetryDenied::Budget,
+        RetryDenied::Limit,
+        RetryDenied::NoReplica,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryDenied::Budget => "budget",
+            RetryDenied::Limit => "limit",
+            RetryDenied::NoReplica => "no_replica",
+        }
+    }
+}
+
+/// A pool's retry and ejection counts since start, by cause (`/status`, mirrored to `/metrics`).
+#[derive(Debug, Default)]
+pub struct PoolStats {
+    retries: [AtomicU64; 3],
+    denied: [AtomicU64; 3],
+    ejections: [AtomicU64; 3],
+}
+
+impl PoolStats {
+    pub fn retried(&self, cause: FailureCause) {
+        self.retries[cause.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn denied(&self, why: RetryDenied) {
+        self.denied[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn retries(&self, cause: FailureCause) -> u64 {
+        self.retries[cause.index()].load(Ordering::Relaxed)
+    }
+
+    pub fn denials(&self, why: RetryDenied) -> u64 {
+        self.denied[why as usize].load(Ordering::Relaxed)
+    }
+
+    pub fn ejections(&self, cause: FailureCause) -> u64 {
+        self.ejections[cause.index()].load(Ordering::Relaxed)
+    }
+
+    fn by_cause(counts: &[AtomicU64; 3]) -> std::collections::BTreeMap<&'static str, u64> {
+        FailureCause::ALL
+            .iter()
+            .map(|c| (c.as_str(), counts[c.index()].load(Ordering::Relaxed)))
+            .collect()
+    }
 }
 
 impl PoolHandle {
@@ -96,6 +178,31 @@ pub struct BackendStatus {
     pub waiting: Option<u32>,
     /// The models it serves, once known.
     pub models: Option<Vec<String>>,
+    /// Its failed attempts in a row (connect, reset, 5xx).
+    pub consecutive_failures: u32,
+    /// Out of selection for failing, and until when; `null` when not.
+    pub ejected: Option<EjectionStatus>,
+}
+
+/// A pool's retry budget now.
+#[derive(Debug, Clone, Serialize)]
+pub struct BudgetStatus {
+    pub ratio: f64,
+    pub window_ms: u64,
+    /// Requests first sent to the pool, and their retries, in the window.
+    pub requests: u64,
+    pub retries: u64,
+    /// Retries the window allows.
+    pub limit: u64,
+}
+
+/// An ejection ended (its time was up): logged once.
+fn returned(h: &PoolHandle, info: &BackendInfo) {
+    log::warn!(
+        "{}",
+        serde_json::json!({"event": "backend_returned", "pool": h.name, "backend": &*info.name,
+                           "why": "ejection_ended"})
+    );
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -107,6 +214,17 @@ pub struct PoolStatus {
     pub healthy_backends: usize,
     /// Declared or discovered; empty while unknown.
     pub models: Vec<String>,
+    /// Backends out of selection for failing (not counted in `healthy_backends`).
+    pub ejected_backends: usize,
+    /// `pools.<name>.retries`.
+    pub max_retries: u32,
+    pub retry_budget: BudgetStatus,
+    /// Since start, by cause (`connect`, `reset`, `5xx`): retries of requests that failed here,
+    /// and ejections of its replicas.
+    pub retries: std::collections::BTreeMap<&'static str, u64>,
+    pub ejections: std::collections::BTreeMap<&'static str, u64>,
+    /// Failures not retried, by why: `budget`, `limit`, `no_replica`.
+    pub retries_denied: std::collections::BTreeMap<&'static str, u64>,
     pub backends: Vec<BackendStatus>,
 }
 
@@ -136,6 +254,7 @@ impl PoolSet {
         for (index, p) in cfg.pools.iter().enumerate() {
             let c = &p.config;
             let (lb, infos) = balancer(&c.backends, &c.health_check, &registry, tls, &mut loads)?;
+            let budget = RetryBudget::new(&cfg.routing.retry_budget);
             let svc = background_service(&format!("health check {}", p.name), lb);
             pools.push(PoolHandle {
                 name: p.name.clone(),
@@ -149,6 +268,11 @@ impl PoolSet {
                 infos,
                 usable: ArcSwapOption::empty(),
                 homes: select::Homes::default(),
+                retries: c.retries,
+                ejection: c.ejection.clone(),
+                budget,
+                stats: PoolStats::default(),
+                eject_lock: Default::default(),
             });
             services.push(svc);
         }
@@ -265,15 +389,75 @@ impl PoolSet {
         })
     }
 
+    /// Whether `h` has a usable backend serving `model` that is none of `tried`.
+    pub fn has_untried(
+        &self,
+        h: &PoolHandle,
+        routes: &Routes,
+        model: Option<&str>,
+        tried: &[Arc<str>],
+    ) -> bool {
+        let models = routes.pools.get(h.index).filter(|m| !m.uniform);
+        self.with_usable(h, |set| {
+            set.backends.iter().any(|(_, i)| {
+                models.is_none_or(|m| m.serves(&i.name, model)) && !tried.contains(&i.name)
+            })
+        })
+    }
+
+    /// A failed attempt on a backend of `h` (its [`Passive`]): `Some` when that run of failures
+    /// ejected it. Ejection takes it out of every request's choice at once.
+    pub fn failed(
+        &self,
+        h: &PoolHandle,
+        backend: &str,
+        passive: &Passive,
+        cause: FailureCause,
+    ) -> Option<Ejected> {
+        if !passive.failed(h.ejection.consecutive_failures) {
+            return None;
+        }
+        let _one_at_a_time = h.eject_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if passive.is_ejected() {
+            return None;
+        }
+        let now = Instant::now();
+        let out = h
+            .infos
+            .values()
+            .filter(|i| i.passive.is_ejected() && i.passive.until().is_some_and(|u| u > now))
+            .count();
+        if !may_eject(out, h.infos.len(), h.ejection.max_ejected_percent) {
+            return None;
+        }
+        let e = passive.eject(&h.ejection, cause, now);
+        h.stats.ejections[cause.index()].fetch_add(1, Ordering::Relaxed);
+        self.registry.generation.fetch_add(1, Ordering::Release);
+        log::warn!(
+            "{}",
+            serde_json::json!({"event": "backend_ejected", "pool": h.name, "backend": backend,
+                               "cause": cause.as_str(), "for_ms": e.duration.as_millis() as u64,
+                               "times": e.times})
+        );
+        Some(e)
+    }
+
     /// Runs `f` on `h`'s usable backends, recomputed when the registry's generation moved.
     /// A flip during the computation bumps the generation after storing the new health, so a
     /// set computed under the older generation is recomputed by the next caller.
+    /// An ejected backend is left out until its ejection ends: a set holding one is recomputed
+    /// once the earliest ejection's time is up (the clock is read only while one is ejected).
     fn with_usable<T>(&self, h: &PoolHandle, f: impl FnOnce(&UsableSet) -> T) -> T {
         let generation = self.registry.generation.load(Ordering::Acquire);
         let cached = h.usable.load();
-        if let Some(set) = cached.as_deref().filter(|s| s.generation == generation) {
+        if let Some(set) = cached
+            .as_deref()
+            .filter(|s| s.generation == generation && s.expires.is_none_or(|t| Instant::now() < t))
+        {
             return f(set);
         }
+        let now = Instant::now();
+        let mut expires: Option<Instant> = None;
         let backends = h
             .balancer
             .backends()
@@ -281,8 +465,22 @@ impl PoolSet {
             .iter()
             .filter(|b| self.usable(h, b))
             .filter_map(|b| Some((b.clone(), h.info(b)?)))
+            .filter(|(_, info)| {
+                if info.passive.expire(now) {
+                    returned(h, info);
+                }
+                match info.passive.until() {
+                    Some(until) => {
+                        expires = Some(expires.map_or(until, |e| e.min(until)));
+                        false
+                    }
+                    None => true,
+                }
+            })
             .collect();
-        let set = Arc::new(UsableSet::new(generation, backends));
+        let mut set = UsableSet::new(generation, backends);
+        set.expires = expires;
+        let set = Arc::new(set);
         h.usable.store(Some(Arc::clone(&set)));
         f(&set)
     }
@@ -311,6 +509,7 @@ impl PoolSet {
         let routes = self.routes();
         let models = routes.pools.get(h.index);
         let total: u64 = h.infos.values().map(|i| i.load.picks()).sum();
+        let now = Instant::now();
         let backends: Vec<BackendStatus> = h
             .balancer
             .backends()
@@ -321,6 +520,8 @@ impl PoolSet {
                 let r = self.registry.get(b);
                 let load = &info.load;
                 Some(BackendStatus {
+                    consecutive_failures: info.passive.failures(),
+                    ejected: info.passive.status(now),
                     healthy: self.usable(h, b),
                     checked: r.last_check.is_some(),
                     last_error: r.last_error,
@@ -344,13 +545,32 @@ impl PoolSet {
             .collect();
         pool_models.sort();
         pool_models.dedup();
+        let window = h.budget.window(now);
         PoolStatus {
             name: h.name.clone(),
             class: h.class.as_str(),
             selection: h.selection.as_str(),
             vllm_priority: h.vllm_priority,
-            healthy_backends: backends.iter().filter(|b| b.healthy).count(),
+            healthy_backends: backends
+                .iter()
+                .filter(|b| b.healthy && b.ejected.is_none())
+                .count(),
             models: pool_models,
+            ejected_backends: backends.iter().filter(|b| b.ejected.is_some()).count(),
+            max_retries: h.retries,
+            retry_budget: BudgetStatus {
+                ratio: h.budget.ratio(),
+                window_ms: h.budget.window_ms(),
+                requests: window.requests,
+                retries: window.retries,
+                limit: window.limit,
+            },
+            retries: PoolStats::by_cause(&h.stats.retries),
+            ejections: PoolStats::by_cause(&h.stats.ejections),
+            retries_denied: RetryDenied::ALL
+                .iter()
+                .map(|w| (w.as_str(), h.stats.denials(*w)))
+                .collect(),
             backends,
         }
     }

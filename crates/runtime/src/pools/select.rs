@@ -19,8 +19,8 @@ pub struct Want<'a> {
     pub serves: Option<&'a dyn Fn(&str) -> bool>,
     /// The hash of the prompt's head, for prefix affinity.
     pub prefix: Option<u64>,
-    /// The backend that just failed to connect: avoided while another is usable.
-    pub exclude: Option<&'a str>,
+    /// The backends this request already tried and failed on: never picked again for it.
+    pub exclude: &'a [Arc<str>],
 }
 
 /// A pool's usable backends, in the balancer's order, each with its [`BackendInfo`], and the
@@ -78,6 +78,8 @@ pub(super) struct UsableSet {
     pub(super) generation: u64,
     pub(super) backends: Box<[(Backend, BackendInfo)]>,
     ring: Option<Continuum>,
+    /// When the earliest ejection of a backend left out of the set ends.
+    pub(super) expires: Option<std::time::Instant>,
 }
 
 impl UsableSet {
@@ -91,6 +93,7 @@ impl UsableSet {
             generation,
             backends,
             ring,
+            expires: None,
         }
     }
 
@@ -105,7 +108,7 @@ impl UsableSet {
         homes: &Homes,
     ) -> Option<(Backend, BackendInfo)> {
         let ok = |info: &BackendInfo| want.serves.is_none_or(|serves| serves(&info.name));
-        let avoid = |info: &BackendInfo| want.exclude.is_some_and(|x| *info.name == *x);
+        let avoid = |info: &BackendInfo| want.exclude.contains(&info.name);
         let start = next(ordinal);
         let n = self.backends.len();
         let at = |i: usize| &self.backends[(start + i) % n.max(1)];
@@ -118,8 +121,7 @@ impl UsableSet {
                 None => least_loaded(candidates().filter(|(_, i)| !avoid(i))),
             },
         };
-        // The backend that failed is still better than none.
-        chosen.or_else(|| candidates().next()).cloned()
+        chosen.cloned()
     }
 
     /// Prefix affinity with bounded loads (Mirrokni, Thorup and Zadimoghaddam): the head's home
@@ -279,6 +281,7 @@ mod tests {
                         name,
                         tls: None,
                         load,
+                        passive: Default::default(),
                     },
                 )
             })
@@ -302,28 +305,39 @@ mod tests {
     fn round_robin_rotates_and_avoids_the_backend_that_failed() {
         let mut loads = BackendLoads::default();
         let set = set_of(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], &mut loads);
-        let pick = |exclude: Option<&str>| {
+        let pick = |exclude: &[Arc<str>]| {
             let want = Want {
                 exclude,
                 ..Want::default()
             };
             name(set.pick4(Selection::RoundRobin, 1.25, 0, want))
         };
-        let mut round: Vec<String> = (0..3).map(|_| pick(None)).collect();
+        let mut round: Vec<String> = (0..3).map(|_| pick(&[])).collect();
         round.sort();
         assert_eq!(round, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
-        let avoiding: Vec<String> = (0..6).map(|_| pick(Some("127.0.0.1:2"))).collect();
+        let two: [Arc<str>; 1] = ["127.0.0.1:2".into()];
+        let avoiding: Vec<String> = (0..6).map(|_| pick(&two)).collect();
         assert!(avoiding.iter().all(|n| n != "127.0.0.1:2"), "{avoiding:?}");
+        let both: [Arc<str>; 2] = ["127.0.0.1:2".into(), "127.0.0.1:3".into()];
+        let left: Vec<String> = (0..3).map(|_| pick(&both)).collect();
+        assert_eq!(left, ["127.0.0.1:1"; 3], "every replica tried is avoided");
         let only = set_of(&["127.0.0.1:9"], &mut loads);
-        let want = Want {
-            exclude: Some("127.0.0.1:9"),
-            ..Want::default()
-        };
-        assert_eq!(
-            name(only.pick4(Selection::RoundRobin, 1.25, 0, want)),
-            "127.0.0.1:9",
-            "the backend that failed is still better than none"
-        );
+        let tried: [Arc<str>; 1] = ["127.0.0.1:9".into()];
+        for selection in [
+            Selection::RoundRobin,
+            Selection::LeastLoad,
+            Selection::PrefixAffinity,
+        ] {
+            let want = Want {
+                exclude: &tried,
+                prefix: Some(7),
+                ..Want::default()
+            };
+            assert!(
+                only.pick4(selection, 1.25, 0, want).is_none(),
+                "a replica already tried is not tried again"
+            );
+        }
         let empty = UsableSet::new(0, Box::new([]));
         assert!(empty
             .pick4(Selection::LeastLoad, 1.25, 0, Want::default())
@@ -493,7 +507,7 @@ mod tests {
                 let want = Want {
                     serves: Some(&serves),
                     prefix: Some(key),
-                    exclude: None,
+                    exclude: &[],
                 };
                 assert_eq!(name(set.pick4(selection, 1.25, 3, want)), "127.0.0.1:3");
             }
