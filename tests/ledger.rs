@@ -792,6 +792,9 @@ fn writer_throughput() {
             ttft_target_ms: None,
             tpot_target_ms: None,
             slo_missed: None,
+            attempts: Some(1),
+            tried: None,
+            trace_id: None,
             signals: Default::default(),
             queue_outcome: (i % 10 == 0).then_some(sluice_record::QueueOutcome::Released),
             error: None,
@@ -1364,12 +1367,15 @@ fn migrations_3_and_4_keep_an_existing_ledger_and_count_its_recent_completions()
 }
 
 /// The columns migration 5 added.
-const SLO_COLUMNS: [&str; 5] = [
+const SLO_COLUMNS: [&str; 8] = [
     "ttft_ms",
     "tpot_ms",
     "ttft_target_ms",
     "tpot_target_ms",
     "slo_missed",
+    "attempts",
+    "tried",
+    "trace_id",
 ];
 
 /// This build's batch INSERT into `decisions` without `dropped` (what a build before the
@@ -1679,6 +1685,9 @@ fn migration_5_keeps_a_version_4_ledger_readable_with_the_new_fields_null() {
             col("ttft_target_ms", "bigint"),
             col("tpot_target_ms", "bigint"),
             col("slo_missed", "text"),
+            col("attempts", "bigint"),
+            col("tried", "text"),
+            col("trace_id", "text"),
         ]
     );
 

@@ -137,6 +137,9 @@ const DECISION_COLUMNS: &[(&str, Extract)] = &[
         Extract::Int8(|r| r.tpot_target_ms.map(i64_of)),
     ),
     ("slo_missed", Extract::Text(|r| r.slo_missed.as_deref())),
+    ("attempts", Extract::Int8(|r| r.attempts.map(i64_of))),
+    ("tried", Extract::Text(|r| r.tried.as_deref())),
+    ("trace_id", Extract::Text(|r| r.trace_id.as_deref())),
     ("signal_pressure", Extract::Float8(|r| r.signals.pressure)),
     (
         "signal_queue_depth",
@@ -530,7 +533,7 @@ mod tests {
         let sql = insert_decisions_sql();
         let n = DECISION_COLUMNS.len();
         assert_eq!(
-            n, 39,
+            n, 42,
             "one column per DecisionRecord field, signals flattened, plus completed_at_ms"
         );
         assert!(sql.contains(&format!("${n}::bytea[]")));

@@ -471,6 +471,9 @@ pub(super) fn row_of(r: &postgres::Row) -> Result<LedgerRow, postgres::Error> {
         tpot_ms: r.try_get("tpot_ms")?,
         ttft_target_ms: u64_of(r.try_get("ttft_target_ms")?),
         tpot_target_ms: u64_of(r.try_get("tpot_target_ms")?),
+        attempts: u64_of(r.try_get("attempts")?),
+        tried: r.try_get::<_, Option<String>>("tried")?.map(Into::into),
+        trace_id: r.try_get::<_, Option<String>>("trace_id")?.map(Into::into),
         slo_missed: r
             .try_get::<_, Option<String>>("slo_missed")?
             .map(Into::into),

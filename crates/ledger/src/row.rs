@@ -75,6 +75,9 @@ pub fn sanitized(r: &DecisionRecord) -> LedgerRow {
             ttft_target_ms: r.ttft_target_ms,
             tpot_target_ms: r.tpot_target_ms,
             slo_missed: r.slo_missed.as_ref().map(name),
+            attempts: r.attempts,
+            tried: r.tried.as_ref().map(name),
+            trace_id: r.trace_id.as_ref().map(name),
             signals: SignalsRow {
                 pressure: r.signals.pressure,
                 queue_depth: r.signals.queue_depth,
@@ -162,6 +165,9 @@ mod tests {
             ttft_target_ms: None,
             tpot_target_ms: None,
             slo_missed: None,
+            attempts: None,
+            tried: None,
+            trace_id: None,
             signals: SignalsUsed {
                 pressure: Some(75.0),
                 queue_depth: Some(0.0),

@@ -352,6 +352,12 @@ pub fn logging(app: &ProxyState, session: &mut Session, e: Option<&Error>, ctx: 
         ttft_target_ms: ctx.slo.ttft_ms,
         tpot_target_ms: ctx.slo.tpot_ms,
         slo_missed: judged.and_then(|j| j.missed_label()).map(Into::into),
+        attempts: Some(u64::from(ctx.attempts)).filter(|n| *n > 0),
+        tried: (!ctx.tried.is_empty()).then(|| {
+            let names: Vec<&str> = ctx.tried.iter().map(|b| &**b).collect();
+            names.join(",").into()
+        }),
+        trace_id: None,
         signals: SignalsUsed {
             pressure: signals.pressure,
             queue_depth: signals.queue_depth,

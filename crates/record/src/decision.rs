@@ -113,6 +113,13 @@ pub struct DecisionRecord {
     pub tpot_target_ms: Option<u64>,
     /// The dimensions it missed: `ttft`, `tpot`, `e2e`, comma-separated.
     pub slo_missed: Option<Text>,
+    /// Upstream attempts made, when it was sent: more than 1 when it failed over before its
+    /// first byte.
+    pub attempts: Option<u64>,
+    /// The replicas that failed it before the one that answered, comma-separated.
+    pub tried: Option<Text>,
+    /// Its W3C trace id (32 hex digits), when it was traced.
+    pub trace_id: Option<Text>,
     pub signals: SignalsUsed,
     /// How its wait ended, when the request met the tier's queue.
     pub queue_outcome: Option<QueueOutcome>,

@@ -226,6 +226,9 @@ fn record(out: &mut Vec<u8>, r: &DecisionRecord, inputs_form: Option<Form>) {
     o.some_u64(key!("ttft_target_ms"), r.ttft_target_ms);
     o.some_u64(key!("tpot_target_ms"), r.tpot_target_ms);
     o.some_str(key!("slo_missed"), r.slo_missed.as_deref());
+    o.some_u64(key!("attempts"), r.attempts);
+    o.some_str(key!("tried"), r.tried.as_deref());
+    o.some_str(key!("trace_id"), r.trace_id.as_deref());
     let mut s = Obj::open(o.key(key!("signals")));
     s.opt_f64(key!("pressure"), r.signals.pressure);
     s.opt_f64(key!("queue_depth"), r.signals.queue_depth);
@@ -451,6 +454,9 @@ mod tests {
             ttft_target_ms: Some(500),
             tpot_target_ms: Some(u64::MAX),
             slo_missed: Some("tpot,e2e".into()),
+            attempts: Some(2),
+            tried: Some("10.0.0.1:8000".into()),
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
             signals: SignalsUsed {
                 pressure: Some(1e300),
                 queue_depth: Some(-0.0),
@@ -514,12 +520,15 @@ mod tests {
     }
 
     /// The objective's fields, which the line leaves out when `None`.
-    const SLO_FIELDS: [&str; 5] = [
+    const SLO_FIELDS: [&str; 8] = [
         "ttft_ms",
         "tpot_ms",
         "ttft_target_ms",
         "tpot_target_ms",
         "slo_missed",
+        "attempts",
+        "tried",
+        "trace_id",
     ];
 
     /// What serde_json writes, without the objective's fields that are `null`.
@@ -554,15 +563,21 @@ mod tests {
             "500",
             "18446744073709551615",
             "\"tpot,e2e\"",
+            "2",
+            "\"10.0.0.1:8000\"",
+            "\"4bf92f3577b34da6a3ce929d0e0e4736\"",
         ]) {
             assert!(line.contains(&format!(",\"{f}\":{v},")), "{f} in {line}");
         }
-        let clears: [fn(&mut DecisionRecord); 5] = [
+        let clears: [fn(&mut DecisionRecord); 8] = [
             |r| r.ttft_ms = None,
             |r| r.tpot_ms = None,
             |r| r.ttft_target_ms = None,
             |r| r.tpot_target_ms = None,
             |r| r.slo_missed = None,
+            |r| r.attempts = None,
+            |r| r.tried = None,
+            |r| r.trace_id = None,
         ];
         for (f, clear) in SLO_FIELDS.iter().zip(clears) {
             let mut r = set.clone();
