@@ -216,10 +216,8 @@ impl Outcome {
     }
 
     /// This request's reading on each dimension of `slo`, as a share of its target (by
-    /// [`Dim::index`]; `None` where the dimension is not set or says nothing of it). A whole
-    /// (non-streamed) answer's TTFT is the first token it would have needed to keep the
-    /// stream's deadline (`slo`'s TPOT for every later token): met exactly when that deadline
-    /// is. A running request counts at its age on the dimensions its age bounds.
+    /// [`Dim::index`]; `None` where the dimension is not set or says nothing of it). A running
+    /// request counts at its age on the dimensions its age bounds.
     fn ratios(&self, slo: &Slo) -> [Option<f64>; 3] {
         if self.failed {
             return Dim::ALL.map(|d| slo.get(d).map(|_| f64::INFINITY));
@@ -237,13 +235,12 @@ impl Outcome {
             Some(latency).filter(|_| self.ttft_ms.is_none())
         } else if self.stream {
             self.ttft_ms
-        } else if self.pending {
-            None
         } else {
-            slo.tpot_ms.map(|tpot| {
-                let later = self.tokens.unwrap_or(1).saturating_sub(1) as f64;
-                (latency - tpot as f64 * later).max(0.0)
-            })
+            // A whole answer's first token is not seen: its wait is vLLM's queue delay, which
+            // the TTFT reading adds anyway, and its pace is vLLM's. (Read back from the deadline
+            // it would be the wait plus the pace's slack against the target, which a loose TPOT
+            // target turns into 0 and a tier of whole answers into an unloaded TTFT of 0.)
+            None
         };
         let tpot = self.tpot_ms.filter(|_| self.stream && !self.pending);
         [
@@ -617,6 +614,7 @@ impl PoolController {
         let mut drained_headroom: [Option<f64>; 3] = [None; 3];
         let mut pace_headroom: [Option<f64>; 3] = [None; 3];
         let mut queue_headroom: [Option<f64>; 3] = [None; 3];
+        let mut first_token_headroom: [Option<f64>; 3] = [None; 3];
         let mut missing = [0.0f64; 3];
         let mut unattainable = [false; 3];
         let min = |a: Option<f64>, b: Option<f64>| either(a, b, f64::min);
@@ -759,6 +757,9 @@ impl PoolController {
                 } else {
                     queue_headroom[t] = min(queue_headroom[t], rise);
                 }
+                if dim == Dim::Ttft {
+                    first_token_headroom[t] = rise;
+                }
             }
             unattainable[tier.index()] = !slo.is_empty() && !any_attainable;
         }
@@ -767,9 +768,18 @@ impl PoolController {
         // The batch's own pace eating a tier's TPOT budget is evidence as a queue is: shedding
         // and capping shrink the batch, and its pace with it. While it is short, the pool is
         // neither calm nor idle.
-        let pace_short = Tier::ALL.into_iter().any(|t| {
-            has_traffic(t) && pace_headroom[t.index()].is_some_and(|h| h < tuning.escalate_below)
-        });
+        let short = |readings: &[Option<f64>; 3]| {
+            Tier::ALL.into_iter().any(|t| {
+                has_traffic(t) && readings[t.index()].is_some_and(|h| h < tuning.escalate_below)
+            })
+        };
+        let pace_short = short(&pace_headroom);
+        // First tokens late with nothing queued are prefill contending with a full batch (vLLM
+        // prefills and decodes in one step): shedding shrinks the batch, so it is evidence too
+        // while the cache is not idle. An end-to-end latency over budget without a queue is the
+        // answer's own decode pace and is not (measured: shedding for it cost lower tiers far
+        // more than it bought).
+        let prefill_short = short(&first_token_headroom);
         // Idle: nothing waits in vLLM and its cache is far from full. Whatever the latencies
         // say, shedding or shaping then cannot make anyone faster (nothing queues to be cut),
         // so after `idle_release_ms` of it every request is let through as it is.
@@ -832,7 +842,7 @@ impl PoolController {
         // returns in front of Guaranteed (seen live on one shared backend). So calm needs the
         // queue empty at two samples in a row.
         let settled = drained.is_some_and(|t| t < now);
-        let calm = no_queue && settled && !full && !pace_short;
+        let calm = no_queue && settled && !full && !pace_short && !(prefill_short && !low_kv);
         let mut moved = Movement::Hold;
         if let Some(kind) = rail {
             let floor = rail_level(&steps);
@@ -1961,11 +1971,10 @@ mod tests {
             .streamed(Some(700.0), Some(10.0))
             .with_tokens(Some(2));
         assert_eq!(capped.ratios(&slo)[0], Some(1.4));
-        // A whole answer's TTFT is the first token that keeps the stream's deadline: 100 tokens
-        // in 6,000 ms at 50 ms a token needed one by 6,000 − 99 × 50 = 1,050 ms.
+        // A whole answer shows neither its first token nor its pace: vLLM's queue delay and
+        // pace speak for it.
         let whole = Outcome::served(9000, Tier::Guaranteed, 6000.0).with_tokens(Some(100));
-        let r = whole.ratios(&slo);
-        assert_eq!((r[0], r[1]), (Some(1050.0 / 500.0), None));
+        assert_eq!(whole.ratios(&slo), [None, None, None]);
         // A stream's first token is reported when it comes; its end then carries its pace.
         let first = Outcome::first_token(9000, Tier::Guaranteed, 300.0);
         assert_eq!(first.ratios(&slo), [Some(0.6), None, None]);

@@ -184,10 +184,12 @@ pub fn judge(slo: &Slo, m: &Measured) -> Judged {
 
 /// The first token a request arriving now can expect on a pool: vLLM's queue delay there plus
 /// the unloaded time to first token (prefill at idle) learned on it. `None` while the queue
-/// delay is unknown: nothing is refused on a guess.
+/// delay is unknown or nothing queues: nothing is refused on a guess, and a target the pool
+/// misses unloaded is the controller's to flag (it sheds nobody), not a reason to refuse a
+/// tier's every request.
 pub fn ttft_estimate(delay_ms: Option<f64>, unloaded_ttft_ms: Option<f64>) -> Option<f64> {
-    let d = delay_ms.filter(|d| d.is_finite())?;
-    Some(d.max(0.0) + unloaded_ttft_ms.filter(|u| u.is_finite()).unwrap_or(0.0))
+    let d = delay_ms.filter(|d| d.is_finite() && *d > 0.0)?;
+    Some(d + unloaded_ttft_ms.filter(|u| u.is_finite()).unwrap_or(0.0))
 }
 
 /// Whether a request of `tier` whose first token must come within `ttft_target_ms` is refused
@@ -198,6 +200,34 @@ pub fn unattainable(tier: Tier, ttft_target_ms: Option<u64>, estimate_ms: Option
         && ttft_target_ms
             .zip(estimate_ms)
             .is_some_and(|(t, e)| e > t as f64)
+}
+
+/// The refusal of a Standard or Best-Effort request whose first token its pool cannot give
+/// within `ttft_target_ms` now: for a decision that neither refuses it nor moves it to the
+/// fallback (judged where it runs), the estimate ([`ttft_estimate`]: vLLM's queue delay on the
+/// decision's pool plus the tier's learned unloaded TTFT there, else the lowest another tier
+/// learned) when it is past the target. The proxy and the benchmark's model ask the same.
+pub fn refused_estimate(
+    state: &crate::PolicyState,
+    decision: &crate::Decision,
+    ttft_target_ms: Option<u64>,
+) -> Option<f64> {
+    use crate::Action;
+    if decision.action == Action::Reject || matches!(decision.action, Action::Fallback { .. }) {
+        return None;
+    }
+    let ctl = &state.pools[decision.pool.signal_index()?];
+    let learned = |t: Tier| ctl.dims[t.index()][Dim::Ttft.index()].unloaded_ms;
+    let unloaded = learned(decision.tier).or_else(|| {
+        Tier::ALL
+            .into_iter()
+            .filter_map(learned)
+            .min_by(f64::total_cmp)
+    });
+    let estimate = ttft_estimate(ctl.delay_ms, unloaded);
+    unattainable(decision.tier, ttft_target_ms, estimate)
+        .then_some(estimate)
+        .flatten()
 }
 
 /// A per-request target header's value: a positive whole number of milliseconds. Anything
@@ -326,8 +356,9 @@ mod tests {
             Some(1),
             ttft_estimate(None, Some(80.0))
         ));
-        // An empty queue still costs the prefill.
-        assert_eq!(ttft_estimate(Some(0.0), None), Some(0.0));
+        // No queue: nothing is refused, whatever the prefill.
+        assert_eq!(ttft_estimate(Some(0.0), Some(900.0)), None);
+        assert!(!unattainable(Tier::Standard, Some(1), ttft_estimate(Some(0.0), Some(900.0))));
     }
 
     #[test]

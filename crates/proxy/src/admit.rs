@@ -95,6 +95,7 @@ pub async fn request_filter(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     ctx.request_id = request_id(app, session);
+    crate::spans::start(app, session, ctx);
     // Upstream, names go in canonical case (see `respond::decision_headers`): the connection
     // guard has Pingora parse them without their case; any other session's case map is dropped
     // here, before Pingora copies the request header for the upstream.
@@ -243,24 +244,14 @@ fn objective(session: &Session, ctx: &Ctx, rules: &PolicyRules, tier: Tier) -> S
 /// refused before it costs GPU time, with the estimate in the body (adaptive mode; a request
 /// moved to the fallback is judged where it runs and is not refused for it).
 fn unattainable(ctx: &mut Ctx, state: &PolicyState, tier: Tier) -> Option<Refusal> {
-    let d = ctx.decision.as_ref()?;
-    if d.action == Action::Reject || matches!(d.action, Action::Fallback { .. }) {
-        return None;
-    }
     let target = ctx.slo.ttft_ms?;
-    let ctl = &state.pools[d.pool.signal_index()?];
-    let learned = |t: Tier| ctl.dims[t.index()][slo::Dim::Ttft.index()].unloaded_ms;
-    let unloaded = learned(tier).or_else(|| {
-        Tier::ALL
-            .into_iter()
-            .filter_map(learned)
-            .min_by(f64::total_cmp)
-    });
-    let estimate = slo::ttft_estimate(ctl.delay_ms, unloaded);
-    if !slo::unattainable(tier, Some(target), estimate) {
-        return None;
-    }
-    let estimate = estimate.unwrap_or_default().round();
+    let estimate = slo::refused_estimate(state, ctx.decision.as_ref()?, Some(target))?;
+    let delay = ctx
+        .decision
+        .as_ref()
+        .and_then(|d| d.pool.signal_index())
+        .and_then(|i| state.pools[i].delay_ms);
+    let estimate = estimate.round();
     let reason = Reason::RejectSloUnattainable;
     ctx.reason = Some(reason);
     ctx.label = Some(Verdict::Reject);
@@ -275,7 +266,7 @@ fn unattainable(ctx: &mut Ctx, state: &PolicyState, tier: Tier) -> Option<Refusa
         "tier": tier.as_str(),
         "ttft_target_ms": target,
         "estimated_ttft_ms": estimate,
-        "vllm_queue_delay_ms": ctl.delay_ms.map(f64::round),
+        "vllm_queue_delay_ms": delay.map(f64::round),
     }});
     // A retry can hope for the queue to have drained by then.
     let retry = (estimate / 1000.0).ceil().max(1.0) as u64;
@@ -703,6 +694,7 @@ async fn take_slot(
             }
             if let Some(q) = queued_for {
                 queue_wait("released", q);
+                crate::spans::queue_left(&mut ctx.spans, q, "released");
                 ctx.queued_for = Some(q);
                 ctx.label = Some(Verdict::Queue);
                 // A wait that ended because the coordinator went away keeps saying so.
@@ -728,6 +720,9 @@ async fn take_slot(
             reason: Reason::ClientGone,
             queued_for,
         } => {
+            if let Some(q) = queued_for {
+                crate::spans::queue_left(&mut ctx.spans, q, Reason::ClientGone.as_str());
+            }
             ctx.queued_for = queued_for;
             ctx.error = Some(sluice_record::Failure::ClientGone);
             ctx.closing = true;
@@ -743,6 +738,7 @@ async fn take_slot(
             ctx.queued_for = queued_for;
             if let Some(q) = queued_for {
                 queue_wait(reason.as_str(), q);
+                crate::spans::queue_left(&mut ctx.spans, q, reason.as_str());
             }
             let mut refusal = Refusal::capacity(reason, tier, signals, 1);
             if queued_for.is_some() || reason == Reason::QueueDropped {

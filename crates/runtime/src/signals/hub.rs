@@ -1,7 +1,7 @@
 //! The meeting point of background samplers, admin overrides and the request path.
 
 use super::health::PrometheusHealth;
-use super::vllm_text::{DelaySpan, Histogram};
+use super::vllm_text::{DelaySpan, Histogram, QueueStall};
 use crate::fleet::Routes;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use serde::Serialize;
@@ -54,6 +54,7 @@ pub struct ScrapeRound {
     pub backends: Vec<BackendScrape>,
     /// The histograms of this round and the ones before it that the span still needs.
     span: DelaySpan<SpanReading>,
+    stall: QueueStall,
 }
 
 /// The cumulative histograms a span is diffed over: queue time, TTFT, inter-token latency.
@@ -78,6 +79,7 @@ impl ScrapeRound {
             itl_ms: None,
             backends,
             span: DelaySpan::default(),
+            stall: QueueStall::default(),
         }
     }
 
@@ -87,6 +89,11 @@ impl ScrapeRound {
     /// one.
     fn with_delays_since(mut self, prev: Option<&ScrapeRound>) -> Self {
         self.span = prev.map(|p| p.span.clone()).unwrap_or_default();
+        self.stall = prev.map(|p| p.stall).unwrap_or_default();
+        let waiting = self.queue_depth.unwrap_or(0.0);
+        let stalled = self
+            .stall
+            .observe(self.at as f64, waiting, self.queue_time.map(|h| h.count));
         let Some((at, (queue_time, ttft, itl))) = self
             .span
             .push(self.at as f64, (self.queue_time, self.ttft, self.itl))
@@ -94,9 +101,10 @@ impl ScrapeRound {
             return self;
         };
         let interval = (self.at as f64 - at).max(0.0);
-        let waiting = self.queue_depth.unwrap_or(0.0);
         self.queue_time_ms = match (self.queue_time, queue_time) {
-            (Some(now), Some(then)) => now.interval_delay_ms(&then, waiting, interval),
+            (Some(now), Some(then)) => now
+                .interval_delay_ms(&then, waiting, interval)
+                .map(|d| d.max(stalled)),
             _ => None,
         };
         self.ttft_ms = match (self.ttft, ttft) {

@@ -35,6 +35,35 @@ impl<T: Copy> DelaySpan<T> {
     }
 }
 
+/// How long vLLM's waiting queue has served nobody. At a GPU's pace requests leave the queue
+/// seconds apart, so a span with no leaver says only "at least the span"; but the request at the
+/// head has waited at least since the first reading of this stall (the queue was not empty and
+/// nobody left it since), a lower bound that grows while the stall lasts.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QueueStall {
+    /// When the stall was first seen, and the queue histogram's count then.
+    since: Option<(f64, f64)>,
+}
+
+impl QueueStall {
+    /// Records the queue at `at_ms`: its waiting requests and how many have left it so far (the
+    /// queue-time histogram's count). Returns how long it has served nobody while requests
+    /// waited (0 when someone left since the last reading, or nobody waits).
+    pub fn observe(&mut self, at_ms: f64, waiting: f64, left: Option<f64>) -> f64 {
+        let Some(left) = left.filter(|_| waiting > 0.0) else {
+            self.since = None;
+            return 0.0;
+        };
+        match self.since {
+            Some((t, c)) if c == left => (at_ms - t).max(0.0),
+            _ => {
+                self.since = Some((at_ms, left));
+                0.0
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BackendReading {
     /// KV-cache usage as a fraction 0–1.
