@@ -297,6 +297,24 @@ vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 9.0\n";
         assert_eq!(parse("vllm:kv_cache_usage_perc 0.5\n").itl, None);
     }
 
+    /// At a GPU's pace nobody may leave vLLM's queue for seconds: the head has then waited at
+    /// least since the stall was first seen, and a leaver or an empty queue ends the stall.
+    #[test]
+    fn a_queue_that_serves_nobody_has_waited_since_the_stall_began() {
+        let mut s = QueueStall::default();
+        assert_eq!(s.observe(0.0, 3.0, Some(10.0)), 0.0);
+        assert_eq!(s.observe(250.0, 4.0, Some(10.0)), 250.0);
+        assert_eq!(s.observe(4000.0, 6.0, Some(10.0)), 4000.0);
+        // One left: a new stall starts from this reading.
+        assert_eq!(s.observe(4250.0, 6.0, Some(11.0)), 0.0);
+        assert_eq!(s.observe(4500.0, 6.0, Some(11.0)), 250.0);
+        // Nothing waits, or no histogram: no stall.
+        assert_eq!(s.observe(4750.0, 0.0, Some(11.0)), 0.0);
+        assert_eq!(s.observe(5000.0, 2.0, None), 0.0);
+        assert_eq!(s.observe(5250.0, 2.0, Some(11.0)), 0.0);
+        assert_eq!(s.observe(5500.0, 2.0, Some(11.0)), 250.0);
+    }
+
     #[test]
     fn delays_are_read_over_at_least_the_span() {
         // Scrapes 250 ms apart: the first has nothing to diff against, the second only the
