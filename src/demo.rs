@@ -9,6 +9,10 @@ use sluice_sim::SimArgs;
 
 pub const ON_DEMAND_MODELS: &str = "llama-3-70b";
 pub const SPOT_MODELS: &str = "llama-3-70b,llama-3-8b";
+/// The on-demand simulator's flags beyond the model: a small pool (4 sequences at a time, a
+/// 100 ms first token, the rest of `sluice sim`'s defaults), so that the README walk-through's
+/// few clients make vLLM queue. The spot simulator runs the defaults.
+pub const ON_DEMAND_FLAGS: &[&str] = &["--max-running", "4", "--ttft-ms", "100"];
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
@@ -20,13 +24,13 @@ pub struct DemoArgs {
     pub ops_listen: String,
 }
 
-fn sim_args(models: &str) -> SimArgs {
+fn sim_args(models: &str, flags: &[&str]) -> SimArgs {
     #[derive(Parser)]
     struct Wrap {
         #[command(flatten)]
         sim: SimArgs,
     }
-    Wrap::parse_from(["sim", "--model", models]).sim
+    Wrap::parse_from(["sim", "--model", models].iter().chain(flags)).sim
 }
 
 pub fn run(args: DemoArgs) -> Result<(), String> {
@@ -35,11 +39,11 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("starting the simulator runtime: {e}"))?;
-    let bind = |models: &'static str| {
+    let bind = |models: &'static str, flags: &'static [&'static str]| {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let addr = listener.local_addr()?;
-            let args = sim_args(models);
+            let args = sim_args(models, flags);
             tokio::spawn(async move {
                 if let Err(e) = sluice_sim::serve(args, listener).await {
                     log::error!("simulator stopped: {e}");
@@ -48,11 +52,13 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
             Ok::<_, std::io::Error>(addr)
         })
     };
-    let on_demand =
-        bind(ON_DEMAND_MODELS).map_err(|e| format!("starting the on-demand simulator: {e}"))?;
-    let spot = bind(SPOT_MODELS).map_err(|e| format!("starting the spot simulator: {e}"))?;
+    let on_demand = bind(ON_DEMAND_MODELS, ON_DEMAND_FLAGS)
+        .map_err(|e| format!("starting the on-demand simulator: {e}"))?;
+    let spot = bind(SPOT_MODELS, &[]).map_err(|e| format!("starting the spot simulator: {e}"))?;
 
-    let mut cfg = Config::embedded(&env::process_env).map_err(|e| e.to_string())?;
+    // OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) set: tracing on, exported there.
+    let environment = env::process_env_tracing_to_named_collector;
+    let mut cfg = Config::embedded(&environment).map_err(|e| e.to_string())?;
     cfg.listen = vec![args.listen.clone()];
     cfg.ops_listen = vec![args.ops_listen.clone()];
     for (name, addr) in [("on-demand", on_demand), ("spot", spot)] {
@@ -83,45 +89,25 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
 fn print_walkthrough(listen: &str, ops_listen: &str, on_demand: &str, spot: &str, adaptive: bool) {
     let url = format!("http://{listen}");
     let ops = format!("http://{ops_listen}");
+    let od_flags = ON_DEMAND_FLAGS.join(" ");
+    let (mode, block) = if adaptive {
+        ("adaptive", "its first block")
+    } else {
+        (
+            "thresholds",
+            "the thresholds-mode block, after the first block's definitions",
+        )
+    };
     println!(
         r#"
 Sluice demo ({mode} policy)
   proxy      {url}
   operations {ops}/status, {ops}/dashboard, {ops}/metrics
-  on-demand  http://{on_demand}  (vLLM simulator, models: {ON_DEMAND_MODELS})
-  spot       http://{spot}  (vLLM simulator, models: {SPOT_MODELS}; also the fallback backend)
-"#,
-        mode = if adaptive { "adaptive" } else { "thresholds" }
-    );
-    if adaptive {
-        println!(
-            r#"Try (README "Walk-through" explains each step):
-  chat() {{ curl -s -o /dev/null -w '%{{http_code}} %header{{x-sluice-decision}} %header{{x-sluice-reason}} %header{{x-sluice-pool}}\n' \
-       {url}/v1/chat/completions -H "X-Tenant-ID: $1" -H 'content-type: application/json' \
-       -d '{{"model":"llama-3-70b","messages":[{{"role":"user","content":"hello"}}],"max_tokens":400}}'; }}
-  chat batch-analytics                                        # 200 pass, spot
-  curl -s -X PUT {ops}/admin/pressure -d '{{"value":75}}'       # on-demand KV 75 %: nobody is shed for it
-  chat batch-analytics; chat coding-assistant                 # still 200 admitted_slo_headroom
-  curl -s -X PUT http://{on_demand}/admin/latency -d '{{"extra_ms":1800}}'   # on-demand turns slow
-  for i in 1 2 3 4 5 6; do chat support-bot & done; wait      # Guaranteed runs out of headroom
-  sleep 1; chat coding-assistant                              # after the next sample: degrade_slo_headroom (or degrade_brownout, fallback_slo_headroom)
-  curl -s {ops}/status | grep -o '"admission_control".*' | head -c 600
-  curl -s -X PUT http://{on_demand}/admin/latency -d '{{"extra_ms":0}}'; curl -s -X DELETE {ops}/admin/pressure
-  (SLUICE_POLICY_MODE=thresholds runs the prototype's threshold walk-through instead.)
-"#
-        );
-        return;
-    }
-    println!(
-        r#"Try:
-  curl -s {url}/v1/chat/completions -H 'X-Tenant-ID: batch-analytics' -H 'content-type: application/json' \
-       -d '{{"model":"llama-3-70b","messages":[{{"role":"user","content":"hello"}}],"max_tokens":400}}' -i
-  curl -s -X PUT {ops}/admin/pressure -d '{{"value":65}}'     # Best-Effort now gets 429 (after 2 samples)
-  curl -s -X PUT {ops}/admin/pressure -d '{{"value":75}}'     # coding-assistant degraded to 256 tokens
-  curl -s -X PUT {ops}/admin/pressure -d '{{"value":87}}'     # after 3 s: Standard falls back to llama-3-8b
-  curl -s -X DELETE {ops}/admin/pressure                      # back to scraped values
-  curl -s {ops}/status | head -c 2000
-  curl -s '{ops}/decisions/recent?limit=5'
+  on-demand  http://{on_demand}  (sluice sim --model {ON_DEMAND_MODELS} {od_flags})
+  spot       http://{spot}  (sluice sim --model {SPOT_MODELS}; also the fallback backend)
+
+README "Walk-through" ({block}) starts with
+  U={url}; O={ops}; SP=http://{spot}
 "#
     );
 }

@@ -3,7 +3,7 @@
 //! services. `serve` and `demo` both go through [`build`], so the demo runs what production runs.
 //! Every service gets the handles it uses, nothing more.
 
-use crate::services::{DrainService, Drained, ReloadService};
+use crate::services::{trace_export, DrainService, Drained, ReloadService};
 use arc_swap::ArcSwap;
 use pingora::server::configuration::Opt;
 use pingora::server::Server;
@@ -82,6 +82,16 @@ pub fn build(
     let decisions = Arc::new(DecisionRing::new(cfg.decisions.ring_size));
     let sinks: Arc<[_]> = ledger.sinks.into();
     let lifecycle = Arc::new(Lifecycle::default());
+    let (tracer, exporter) = sluice_trace::Tracer::from_config(&cfg.telemetry.tracing)
+        .map_err(|e| format!("{}: {e}", cfg.source))?;
+    if tracer.is_enabled() {
+        let st = tracer.status();
+        log::info!(
+            "{}",
+            serde_json::json!({"event": "tracing_enabled", "endpoint": st.endpoint,
+                               "sampler": st.sampler, "ratio": st.ratio})
+        );
+    }
 
     let proxy_state = Arc::new(ProxyState {
         config: Arc::clone(&config),
@@ -96,6 +106,7 @@ pub fn build(
         lifecycle: Arc::clone(&lifecycle),
         replica,
         id_prefix: sluice_proxy::admit::id_prefix(replica),
+        tracer: tracer.clone(),
     });
     let proxy = pingora::proxy::http_proxy(
         &server.configuration,
@@ -131,6 +142,7 @@ pub fn build(
             query: ledger.query,
             sinks: Arc::clone(&sinks),
             lifecycle: Arc::clone(&lifecycle),
+            tracer,
             replica,
             started: Instant::now(),
         }),
@@ -166,11 +178,16 @@ pub fn build(
     ));
     server.add_services(admission_services);
     server.add_services(quota_services);
+    let (trace_service, trace_flush) = exporter.map(trace_export).unzip();
+    if let Some(svc) = trace_service {
+        server.add_service(background_service("trace exporter", svc));
+    }
     let (drain, drained) = DrainService::new(
         Arc::clone(&lifecycle),
         Arc::clone(&sinks),
         grace,
         server.watch_execution_phase(),
+        trace_flush,
     );
     server.add_service(background_service("drain", drain));
     if let Some(path) = config_path {

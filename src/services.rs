@@ -1,4 +1,5 @@
-//! The process's own services beyond Pingora's: an exact graceful drain and hot reload.
+//! The process's own services beyond Pingora's: an exact graceful drain, hot reload and the
+//! trace exporter.
 //!
 //! Pingora's graceful shutdown sleeps for the whole `grace_period_seconds` even when idle. The
 //! [`DrainService`] sees the shutdown watch flip (SIGTERM, or the end of a SIGQUIT upgrade
@@ -26,7 +27,61 @@ use sluice_runtime::signals::SignalHub;
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
+
+/// Sends the request path's finished spans to the collector ([`sluice_trace::Exporter`]):
+/// batched, each export bounded, off the request path. It outlives Pingora's shutdown signal
+/// until the drain is done ([`TraceFlush`]), so the spans of requests that finish while the
+/// process drains are sent too; then what is queued gets one last attempt.
+pub struct TraceExportService {
+    exporter: Mutex<Option<sluice_trace::Exporter>>,
+    stop: watch::Receiver<bool>,
+    finished: watch::Sender<bool>,
+}
+
+/// The drain's end of the exporter: stops it once nothing is in flight, and waits (bounded) for
+/// its last export.
+pub struct TraceFlush {
+    stop: watch::Sender<bool>,
+    finished: watch::Receiver<bool>,
+}
+
+impl TraceFlush {
+    async fn flush(&self, within: Duration) {
+        self.stop.send_replace(true);
+        let mut finished = self.finished.clone();
+        let _ = tokio::time::timeout(within, finished.wait_for(|done| *done)).await;
+    }
+}
+
+/// The exporter's service and the drain's handle on it.
+pub fn trace_export(exporter: sluice_trace::Exporter) -> (TraceExportService, TraceFlush) {
+    let (stop, stop_rx) = watch::channel(false);
+    let (finished, finished_rx) = watch::channel(false);
+    let service = TraceExportService {
+        exporter: Mutex::new(Some(exporter)),
+        stop: stop_rx,
+        finished,
+    };
+    (
+        service,
+        TraceFlush {
+            stop,
+            finished: finished_rx,
+        },
+    )
+}
+
+#[async_trait]
+impl BackgroundService for TraceExportService {
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        let exporter = self.exporter.lock().ok().and_then(|mut e| e.take());
+        if let Some(exporter) = exporter {
+            exporter.run(self.stop.clone()).await;
+        }
+        self.finished.send_replace(true);
+    }
+}
 
 /// Hears once, when the drain has finished with nothing left in flight.
 pub type Drained = mpsc::Receiver<()>;
@@ -38,6 +93,8 @@ pub struct DrainService {
     /// Pingora's execution phases: the upgrade handoff starts before the shutdown watch flips.
     phases: Mutex<Option<broadcast::Receiver<ExecutionPhase>>>,
     done: mpsc::Sender<()>,
+    /// The trace exporter, stopped after the last request in flight has ended.
+    trace: Option<TraceFlush>,
 }
 
 impl DrainService {
@@ -46,6 +103,7 @@ impl DrainService {
         sinks: Arc<[Arc<dyn DecisionSink>]>,
         grace: Duration,
         phases: broadcast::Receiver<ExecutionPhase>,
+        trace: Option<TraceFlush>,
     ) -> (Self, Drained) {
         let (done, drained) = mpsc::channel();
         let service = Self {
@@ -54,6 +112,7 @@ impl DrainService {
             grace,
             phases: Mutex::new(Some(phases)),
             done,
+            trace,
         };
         (service, drained)
     }
@@ -107,6 +166,9 @@ impl BackgroundService for DrainService {
         let remaining = self.lifecycle.active();
         for sink in self.sinks.iter() {
             sink.flush(Duration::from_secs(5)).await;
+        }
+        if let Some(trace) = &self.trace {
+            trace.flush(Duration::from_secs(3)).await;
         }
         log::warn!(
             "{}",

@@ -1,7 +1,9 @@
-//! The telemetry keys (`signals.source`, the Prometheus poller's knobs, `prometheus_url`):
-//! defaults, environment overrides, and errors that name the file, the key and the reason.
+//! The telemetry keys (`signals.source`, the Prometheus poller's knobs, `prometheus_url`,
+//! `telemetry.tracing`): defaults, environment overrides (`SLUICE_*`, OpenTelemetry's `OTEL_*`),
+//! and errors that name the file or variable, the key and the reason.
 
 use sluice_config::{Config, ConfigError, SignalSource};
+use sluice_trace::SamplerKind;
 use std::path::Path;
 
 fn load(yaml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
@@ -111,4 +113,136 @@ fn errors_name_the_key_and_the_reason() {
         &[],
     )
     .unwrap();
+}
+
+#[test]
+fn tracing_is_off_by_default_and_the_shipped_block_is_valid() {
+    let t = load("{}", &[]).unwrap().telemetry.tracing;
+    assert!(!t.enabled);
+    assert_eq!(
+        (t.sampler, t.ratio),
+        (SamplerKind::ParentbasedTraceIdRatio, 1.0)
+    );
+    assert_eq!(t.traces_url(), "http://localhost:4318/v1/traces");
+    let shipped = Config::embedded(&|_| None).unwrap().telemetry.tracing;
+    assert_eq!(shipped, t, "conf/sluice.yaml's block states the defaults");
+}
+
+#[test]
+fn the_file_sets_tracing_and_the_environment_overrides_it() {
+    let file = "telemetry: {tracing: {enabled: true, endpoint: 'http://collector:4318', \
+                sampler: traceidratio, ratio: 0.5, service_name: edge, \
+                resource_attributes: {deployment.environment.name: prod}}}";
+    let t = load(file, &[]).unwrap().telemetry.tracing;
+    assert!(t.enabled);
+    assert_eq!(t.traces_url(), "http://collector:4318/v1/traces");
+    assert_eq!((t.sampler, t.ratio), (SamplerKind::TraceIdRatio, 0.5));
+    assert_eq!(t.service_name, "edge");
+
+    let t = load(
+        file,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://agent:4318"),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.1"),
+            ("OTEL_SERVICE_NAME", "sluice-eu"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "k8s.pod.name=sluice-0"),
+        ],
+    )
+    .unwrap()
+    .telemetry
+    .tracing;
+    assert_eq!(t.traces_url(), "http://agent:4318/v1/traces");
+    assert_eq!(
+        (t.sampler, t.ratio),
+        (SamplerKind::ParentbasedTraceIdRatio, 0.1)
+    );
+    assert_eq!(t.service_name, "sluice-eu");
+    assert_eq!(t.resource_attributes["k8s.pod.name"], "sluice-0");
+    assert_eq!(t.resource_attributes["deployment.environment.name"], "prod");
+    let t = load(
+        "{}",
+        &[(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://agent:4318/custom/traces",
+        )],
+    )
+    .unwrap()
+    .telemetry
+    .tracing;
+    assert_eq!(t.traces_url(), "http://agent:4318/custom/traces");
+    assert!(!t.enabled, "no OTEL_* variable turns tracing on");
+
+    // SLUICE_TRACING_ENABLED turns it on; OpenTelemetry's switch off wins over it.
+    let on = [("SLUICE_TRACING_ENABLED", "true")];
+    assert!(load("{}", &on).unwrap().telemetry.tracing.enabled);
+    let off = [on[0], ("OTEL_SDK_DISABLED", "true")];
+    assert!(!load("{}", &off).unwrap().telemetry.tracing.enabled);
+    let off = [on[0], ("OTEL_TRACES_EXPORTER", "none")];
+    assert!(!load("{}", &off).unwrap().telemetry.tracing.enabled);
+    // An unreadable sampler or ratio is ignored (OpenTelemetry's rule), not fatal.
+    let t = load(
+        file,
+        &[
+            ("OTEL_TRACES_SAMPLER", "jaeger_remote"),
+            ("OTEL_TRACES_SAMPLER_ARG", "x"),
+        ],
+    )
+    .unwrap()
+    .telemetry
+    .tracing;
+    assert_eq!((t.sampler, t.ratio), (SamplerKind::TraceIdRatio, 0.5));
+}
+
+#[test]
+fn tracing_errors_name_the_file_or_variable_the_key_and_the_reason() {
+    let e = error("telemetry: {tracing: {ratio: 1.5}}");
+    assert_eq!(
+        (e.file.as_str(), e.key.as_str()),
+        ("sluice.yaml", "telemetry.tracing.ratio")
+    );
+    assert!(e.reason.contains("between 0 and 1"), "{e}");
+
+    let e = error("telemetry: {tracing: {endpoint: 'https://collector:4318'}}");
+    assert_eq!(e.key, "telemetry.tracing.endpoint");
+    assert!(e.reason.contains("https is not supported"), "{e}");
+
+    let e = error("telemetry: {tracing: {endpoint: 'http://collector:4318/v1/traces'}}");
+    assert_eq!(e.key, "telemetry.tracing.endpoint");
+    assert!(e.reason.contains("traces_endpoint"), "{e}");
+
+    let e = error("telemetry: {tracing: {queue_spans: 8, batch_spans: 16}}");
+    assert_eq!(e.key, "telemetry.tracing.batch_spans");
+
+    let e = error("telemetry: {tracing: {exporter: otlp}}");
+    assert!(e.key.starts_with("telemetry.tracing"), "{e}");
+    assert!(e.reason.contains("unknown field"), "{e}");
+
+    let e = load("{}", &[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")]).unwrap_err();
+    assert_eq!(
+        (e.file.as_str(), e.key.as_str()),
+        (
+            "environment OTEL_EXPORTER_OTLP_ENDPOINT",
+            "telemetry.tracing.endpoint"
+        )
+    );
+    assert!(e.reason.contains("http://"), "{e}");
+
+    let e = load("{}", &[("OTEL_EXPORTER_OTLP_HEADERS", "api key=1")]).unwrap_err();
+    assert_eq!(
+        (e.file.as_str(), e.key.as_str()),
+        (
+            "environment OTEL_EXPORTER_OTLP_HEADERS",
+            "telemetry.tracing.headers"
+        )
+    );
+
+    let e = load("{}", &[("SLUICE_TRACING_ENABLED", "maybe")]).unwrap_err();
+    assert_eq!(
+        (e.file.as_str(), e.key.as_str()),
+        (
+            "environment SLUICE_TRACING_ENABLED",
+            "telemetry.tracing.enabled"
+        )
+    );
 }

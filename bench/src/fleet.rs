@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 use serde_json::{json, Value};
+use sluice_policy::slo::Slo;
 use sluice_policy::Tier;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -509,11 +510,18 @@ fn sluice_config(fleet: &Fleet, sel: Selection, dir: &Path, sluice: &str, ops: &
     cfg
 }
 
-fn sla_targets(cfg: &Value) -> [u64; 3] {
+/// Each tier's objective in the generated (shipped) config, as Sluice reads it: `slo`, with
+/// `sla_target_ms` as its end-to-end target.
+fn objectives(cfg: &Value) -> [Slo; 3] {
     Tier::ALL.map(|t| {
-        cfg["tiers"][t.as_str()]["sla_target_ms"]
-            .as_u64()
-            .unwrap_or(0)
+        let c = &cfg["tiers"][t.as_str()];
+        Slo {
+            ttft_ms: c["slo"]["ttft_ms"].as_u64(),
+            tpot_ms: c["slo"]["tpot_ms"].as_u64(),
+            e2e_ms: c["slo"]["e2e_ms"]
+                .as_u64()
+                .or_else(|| c["sla_target_ms"].as_u64()),
+        }
     })
 }
 
@@ -620,7 +628,8 @@ struct SimOutcome {
 #[derive(Debug, Clone, Serialize)]
 struct TierRow {
     tier: &'static str,
-    sla_ms: u64,
+    /// The tier's objective (`TTFT 500 / TPOT 50 ms`).
+    objective: String,
     requests: usize,
     completed: usize,
     ttft_p50_ms: Option<f64>,
@@ -661,7 +670,7 @@ struct RunOut {
     #[serde(skip)]
     replica_of: BTreeMap<usize, String>,
     #[serde(skip)]
-    sla: [u64; 3],
+    slo: [Slo; 3],
 }
 
 #[derive(Default, Clone)]
@@ -773,7 +782,7 @@ async fn run_one(
     let (addr, ops) = (procs::free_addr()?, procs::free_addr()?);
     let cfg = sluice_config(&fleet, sel, &dir, &addr, &ops);
     crate::sluice_conf::parse(&cfg, &dir)?;
-    let sla = sla_targets(&cfg);
+    let slo = objectives(&cfg);
     let sluice = procs::start_sluice(bin, &cfg, &dir).await?;
     wait_ready(&c, &sluice, &fleet).await?;
     let slowed = match scenario {
@@ -905,7 +914,7 @@ async fn run_one(
     if args.keep {
         eprintln!("sluice-bench fleet: kept {}", dir.display());
     }
-    let tiers = tier_rows(&records, sla, args.duration_s);
+    let tiers = tier_rows(&records, &slo, args.duration_s);
     let mut lag: Vec<f64> = records.iter().map(|r| r.send_lag_ms).collect();
     lag.sort_by(f64::total_cmp);
     Ok(RunOut {
@@ -923,18 +932,18 @@ async fn run_one(
         send_lag_p99_ms: percentile(&lag, 99.0).unwrap_or(0.0),
         records,
         replica_of,
-        sla,
+        slo,
     })
 }
 
-fn tier_rows(records: &[RequestRecord], sla: [u64; 3], duration_s: f64) -> Vec<TierRow> {
+fn tier_rows(records: &[RequestRecord], slo: &[Slo; 3], duration_s: f64) -> Vec<TierRow> {
     Tier::ALL
         .iter()
         .map(|&t| {
-            let s = report::tier_summary(records, t, sla[t.index()], duration_s);
+            let s = report::tier_summary(records, t, &slo[t.index()], duration_s);
             TierRow {
                 tier: t.as_str(),
-                sla_ms: sla[t.index()],
+                objective: crate::record::slo_label(&slo[t.index()]),
                 requests: s.requests,
                 completed: s.completed,
                 ttft_p50_ms: s.ttft_p50_ms,
@@ -951,7 +960,8 @@ fn tier_rows(records: &[RequestRecord], sla: [u64; 3], duration_s: f64) -> Vec<T
         .collect()
 }
 
-/// Sends one streamed request; time to first token is the time to its first data chunk.
+/// Sends one streamed request; time to first token is the time to its first chunk carrying a
+/// token, time per output token the span to its last over the tokens after the first.
 async fn send(c: &HttpClient, url: &str, p: &Planned, due: Instant) -> RequestRecord {
     let a = &p.arrival;
     let sent = Instant::now();
@@ -965,6 +975,7 @@ async fn send(c: &HttpClient, url: &str, p: &Planned, due: Instant) -> RequestRe
         .header("x-request-id", format!("fleet-{}", a.id))
         .body(Full::new(p.body.clone()));
     let Ok(req) = req else { return r };
+    let mut last_token_ms: Option<f64> = None;
     let exchange = async {
         let resp = c.request(req).await.map_err(|_| ())?;
         r.status = resp.status().as_u16();
@@ -981,11 +992,14 @@ async fn send(c: &HttpClient, url: &str, p: &Planned, due: Instant) -> RequestRe
         r.queue_wait_ms = h("x-sluice-queue-wait-ms").parse().ok();
         let mut body = resp.into_body();
         let mut tail: Vec<u8> = Vec::new();
+        let mut tokens = crate::live::ContentScan::default();
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|_| ())?;
             if let Ok(data) = frame.into_data() {
-                if r.ttft_ms.is_none() && !data.is_empty() {
-                    r.ttft_ms = Some(sent.elapsed().as_secs_f64() * 1000.0);
+                if tokens.feed(&data) {
+                    let at = sent.elapsed().as_secs_f64() * 1000.0;
+                    r.ttft_ms.get_or_insert(at);
+                    last_token_ms = Some(at);
                 }
                 tail.extend_from_slice(&data);
                 if tail.len() > 8192 {
@@ -1000,6 +1014,9 @@ async fn send(c: &HttpClient, url: &str, p: &Planned, due: Instant) -> RequestRe
             r.latency_ms = sent.elapsed().as_secs_f64() * 1000.0;
             if r.completed() {
                 r.completion_tokens = sluice_record::usage::usage_of(&tail, true).1.unwrap_or(0);
+                r.tpot_ms = r.ttft_ms.zip(last_token_ms).and_then(|(first, last)| {
+                    sluice_policy::slo::Measured::tpot_of(first, last, r.completion_tokens)
+                });
             } else {
                 r.ttft_ms = None;
             }
@@ -1066,10 +1083,10 @@ fn ttft_p95(records: &[RequestRecord], tier: Tier) -> Option<f64> {
     percentile(&v, 95.0)
 }
 
-fn goodput(records: &[RequestRecord], sla: [u64; 3], duration_s: f64) -> f64 {
+fn goodput(records: &[RequestRecord], slo: [Slo; 3], duration_s: f64) -> f64 {
     records
         .iter()
-        .filter(|r| report::within_sla(r, sla[r.tier.index()]))
+        .filter(|r| r.met(&slo[r.tier.index()]))
         .count() as f64
         / duration_s
 }
@@ -1085,7 +1102,7 @@ fn by_replica(r: &RunOut) -> String {
             };
             let e = m.entry(rep.clone()).or_default();
             e.1 += 1;
-            if !report::within_sla(rec, r.sla[t.index()]) {
+            if !rec.met(&r.slo[t.index()]) {
                 e.0 += 1;
             }
         }
@@ -1210,8 +1227,8 @@ fn checks(runs: &[RunOut]) -> Vec<Check> {
                     matches!((v, hi), (Some(v), Some(hi)) if v <= hi),
                 );
             }
-            let (sla, d) = (rr.sla, rr.duration_s);
-            let f = move |rs: &[RequestRecord]| Some(goodput(rs, sla, d));
+            let (slo, d) = (rr.slo, rr.duration_s);
+            let f = move |rs: &[RequestRecord]| Some(goodput(rs, slo, d));
             let lo = spread(&rr.records, &f, 11).map(|s| s.0);
             push(
                 sc.as_str(),
@@ -1373,9 +1390,10 @@ fn render(args: &FleetArgs, runs: &[RunOut], checks: &[Check], env: &str) -> Str
          system prompts of {} tokens, then a unique {}-{} token user turn (`no-shared-prefix`: \
          the system prompt is unique too). max_tokens {}-{}. Tenants support-bot / \
          coding-assistant / batch-analytics (Guaranteed / Standard / Best-Effort) weighted {}. \
-         TTFT: time to the first streamed chunk; SLA violations on total latency against each \
-         tier's `sla_target_ms` in the shipped config, a refusal or error counting as a \
-         violation; goodput: requests completed within SLA per second of arrivals. Hit rate: \
+         TTFT: time to the first streamed token; SLA violations: a request missing any \
+         dimension of its tier's objective in the shipped config (`slo`: TTFT and TPOT), a \
+         refusal or error counting as a violation; goodput: requests completed within every \
+         dimension per second of arrivals. Hit rate: \
          prefix-cache hit tokens over queried prompt tokens, from the simulators' `/admin/stats` \
          (fresh processes every run). Share: a replica's received requests over its pool's. \
          Busy: mean running sequences over `max_running`, sampled every 0.5 s.\n",
@@ -1420,10 +1438,10 @@ fn render(args: &FleetArgs, runs: &[RunOut], checks: &[Check], env: &str) -> Str
             for t in &r.tiers {
                 let _ = writeln!(
                     md,
-                    "| {} | {} ({} ms) | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+                    "| {} | {} ({}) | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
                     r.selection.as_str(),
                     t.tier,
-                    t.sla_ms,
+                    t.objective,
                     t.requests,
                     ms(t.ttft_p50_ms),
                     ms(t.ttft_p95_ms),

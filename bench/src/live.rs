@@ -11,6 +11,7 @@
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
+use sluice_policy::slo::Measured;
 use sluice_policy::{PressureState, Tier};
 use sluice_record::usage::usage_of;
 use std::path::Path;
@@ -103,7 +104,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
         notes.push("pressure forced through PUT /admin/pressure".into());
     }
 
-    let sla_ms = [s.sla_ms.guaranteed, s.sla_ms.standard, s.sla_ms.best_effort];
+    let slo = s.objectives();
     let start = Instant::now() + Duration::from_millis(300);
     let stop = Arc::new(AtomicBool::new(false));
     let completions: Completions = Arc::default();
@@ -170,7 +171,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
         let c = c.clone();
         let a = a.clone();
         let completions = Arc::clone(&completions);
-        let sla = sla_ms[a.tier.index()];
+        let objective = slo[a.tier.index()];
         let proxied = sluice.is_some();
         tasks.push(tokio::spawn(async move {
             let due = start + Duration::from_millis(a.at_ms);
@@ -185,7 +186,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
                 completions
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .push((end, r.latency_ms > sla as f64));
+                    .push((end, !r.met(&objective)));
             }
             r
         }));
@@ -227,7 +228,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
         }),
         cooldown_ms,
         recovery_marker_ms: s.recovery_marker_s.map(|x| (x * 1000.0) as u64),
-        sla_ms,
+        slo,
         sluice_rss_kib: (rss > 0).then_some(rss),
         notes,
     })
@@ -286,6 +287,7 @@ async fn send(c: &HttpClient, url: &str, a: &Arrival, due: Instant) -> RequestRe
     }
     let req = req.body(Full::new(Bytes::from(body.to_string())));
     let Ok(req) = req else { return r };
+    let mut last_token_ms: Option<f64> = None;
     let exchange = async {
         let resp = c.request(req).await.map_err(|_| ())?;
         r.status = resp.status().as_u16();
@@ -302,11 +304,16 @@ async fn send(c: &HttpClient, url: &str, a: &Arrival, due: Instant) -> RequestRe
         r.queue_wait_ms = h("x-sluice-queue-wait-ms").parse().ok();
         let mut body = resp.into_body();
         let mut tail: Vec<u8> = Vec::new();
+        let mut tokens = ContentScan::default();
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|_| ())?;
             if let Ok(data) = frame.into_data() {
-                if r.ttft_ms.is_none() && a.stream && !data.is_empty() {
-                    r.ttft_ms = Some(sent.elapsed().as_secs_f64() * 1000.0);
+                // A stream's first and last token: the chunks that carry content (the opening
+                // role chunk and the closing finish, usage and [DONE] chunks carry none).
+                if a.stream && tokens.feed(&data) {
+                    let at = sent.elapsed().as_secs_f64() * 1000.0;
+                    r.ttft_ms.get_or_insert(at);
+                    last_token_ms = Some(at);
                 }
                 tail.extend_from_slice(&data);
                 // A stream's usage chunk comes last: keep its tail only, so memory stays flat.
@@ -324,6 +331,10 @@ async fn send(c: &HttpClient, url: &str, a: &Arrival, due: Instant) -> RequestRe
             if r.completed() {
                 // The very reader Sluice uses for its own records.
                 r.completion_tokens = usage_of(&tail, a.stream).1.unwrap_or(0);
+                r.tpot_ms = r
+                    .ttft_ms
+                    .zip(last_token_ms)
+                    .and_then(|(first, last)| Measured::tpot_of(first, last, r.completion_tokens));
             } else {
                 r.ttft_ms = None;
             }
@@ -458,7 +469,71 @@ async fn feed_sla(
     }
 }
 
+/// Finds token content in a server-sent event stream read chunk by chunk: a `"content":"…"`
+/// or `"text":"…"` field with at least one character (chat chunks and completion chunks),
+/// across chunk boundaries.
+#[derive(Default)]
+pub struct ContentScan {
+    /// The last bytes of the previous chunk, so a field split between two is still found.
+    carry: Vec<u8>,
+}
+
+impl ContentScan {
+    const KEYS: [&'static [u8]; 2] = [b"\"content\":", b"\"text\":"];
+
+    /// Whether `data` carries token content.
+    pub fn feed(&mut self, data: &[u8]) -> bool {
+        let mut buf = std::mem::take(&mut self.carry);
+        buf.extend_from_slice(data);
+        let found = Self::KEYS.iter().any(|k| has_nonempty_string(&buf, k));
+        let keep = buf.len().min(16);
+        self.carry = buf[buf.len() - keep..].to_vec();
+        found
+    }
+}
+
+/// `key` followed (after optional spaces) by a JSON string of at least one character.
+fn has_nonempty_string(buf: &[u8], key: &[u8]) -> bool {
+    let mut from = 0;
+    while let Some(i) = buf[from..].windows(key.len()).position(|w| w == key) {
+        let mut j = from + i + key.len();
+        while buf.get(j) == Some(&b' ') {
+            j += 1;
+        }
+        if buf.get(j) == Some(&b'"') && buf.get(j + 1).is_some_and(|c| *c != b'"') {
+            return true;
+        }
+        from = from + i + 1;
+    }
+    false
+}
+
 /// The id a request is sent with; the model derives the same policy ticket from it.
 pub fn request_id(a: &Arrival) -> String {
     format!("bench-{}", a.id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_is_found_in_token_chunks_only() {
+        let mut s = ContentScan::default();
+        let role =
+            b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+        assert!(!s.feed(role));
+        assert!(s.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"tok \"}}]}\n\n"));
+        // Split across two reads.
+        let mut s = ContentScan::default();
+        assert!(!s.feed(b"data: {\"choices\":[{\"delta\":{\"cont"));
+        assert!(s.feed(b"ent\": \"x\"}}]}\n\n"));
+        // Completions carry text; the usage and [DONE] chunks carry none.
+        assert!(ContentScan::default().feed(b"{\"choices\":[{\"text\":\"a\"}]}"));
+        assert!(!ContentScan::default().feed(
+            b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":3}}\n\ndata: [DONE]\n\n"
+        ));
+        assert!(!ContentScan::default()
+            .feed(b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"));
+    }
 }

@@ -10,6 +10,7 @@
 //! `sluice-bench all` runs everything and rewrites its sections of `bench/RESULTS.md`.
 
 mod bare;
+mod failover;
 mod flame;
 mod fleet;
 mod live;
@@ -105,6 +106,21 @@ pub struct ScenarioArgs {
     /// latency (comma separated, e.g. 1.3,1.7,4); without it, the scenario's own targets.
     #[arg(long, value_delimiter = ',')]
     pub sla_x: Vec<f64>,
+    /// Also run each scenario with every tier's objective in TTFT and TPOT, each target at
+    /// these multiples of the tier's unloaded TTFT and TPOT on its pool (comma separated, e.g.
+    /// 1.3,1.6,2,4,10), as the shipped config sets objectives (no end-to-end target); the
+    /// reports then give attainment per dimension and the SLO goodput.
+    #[arg(long, value_delimiter = ',')]
+    pub slo_x: Vec<f64>,
+    /// GPU-like backends: every engine time scaled so a decode step takes this many ms (e.g.
+    /// 20; both engine models), the load kept relative to capacity as `--gpu-load` says.
+    #[arg(long)]
+    pub gpu_itl_ms: Option<f64>,
+    /// How GPU-like timings keep the load relative to capacity: stretch (the same requests
+    /// over a timeline stretched by the same factor: the scenario's overload, slowed down) or
+    /// rate (arrivals divided by it over the same window: a milder overload).
+    #[arg(long, value_enum, default_value = "stretch")]
+    pub gpu_load: scenario::GpuLoad,
 }
 
 #[derive(Subcommand)]
@@ -196,6 +212,12 @@ enum Command {
     Fleet {
         #[command(flatten)]
         args: fleet::FleetArgs,
+    },
+    /// Failover, live: a replica SIGKILLed and restarted, another answering 503, then the whole
+    /// pool answering 503; what clients see, retries, the retry budget and ejections.
+    Failover {
+        #[command(flatten)]
+        args: failover::FailoverArgs,
     },
     /// Print a scenario (YAML) or its generated arrivals (JSON lines).
     Scenario {
@@ -320,6 +342,7 @@ async fn run(command: Command) -> Result<(), String> {
             results::calibrate(&scen, &modes(&scen.modes)?, seeds)
         }
         Command::Fleet { args } => fleet::run(&args).await,
+        Command::Failover { args } => failover::run(&args).await,
         Command::Scenario {
             name,
             arrivals,

@@ -12,11 +12,12 @@ use std::collections::VecDeque;
 
 use sluice_config::Config;
 use sluice_policy::adaptive::Outcome;
+use sluice_policy::slo::{self, Dim, Measured};
 use sluice_policy::{
     tenant_policy::PolicyRules, Action, PolicyEngine, PolicyState, Pool, PoolSignals, Reason,
     RequestFacts, Tier,
 };
-use sluice_runtime::signals::vllm_text::{DelaySpan, Histogram};
+use sluice_runtime::signals::vllm_text::{DelaySpan, Histogram, QueueStall};
 
 use crate::model_queue::{Joined, TierQueue, Waiting};
 use crate::record::{Mode, RequestRecord, Run, Sample};
@@ -61,6 +62,8 @@ struct Engine {
     healthy: bool,
     /// `vllm:request_queue_time_seconds` as vLLM keeps it: cumulative sum and count.
     queue_time: Histogram,
+    /// `vllm:inter_token_latency_seconds`: every decode gap of every running request.
+    itl: Histogram,
 }
 
 /// What a job did during one step.
@@ -79,6 +82,7 @@ impl Engine {
             waiting: VecDeque::new(),
             healthy: true,
             queue_time: Histogram::default(),
+            itl: Histogram::default(),
         }
     }
 
@@ -133,7 +137,14 @@ impl Engine {
                 out.push(Step::FirstToken(job.rec));
             }
             if job.first_token && left > 0.0 {
-                job.decode_left -= if itl > 0.0 { left / itl } else { f64::INFINITY };
+                let step = if itl > 0.0 { left / itl } else { f64::INFINITY };
+                // The gaps decoded this step, each `itl` long, into vLLM's ITL histogram.
+                let decoded = step.min(job.decode_left.max(0.0));
+                if decoded > 0.0 && decoded.is_finite() {
+                    self.itl.sum += decoded * itl / 1000.0;
+                    self.itl.count += decoded;
+                }
+                job.decode_left -= step;
             }
             if job.first_token && job.decode_left <= 0.0 {
                 let job = self.running.swap_remove(i);
@@ -210,6 +221,10 @@ struct Proxy {
     outcomes: [Vec<Outcome>; 2],
     /// Each pool's delay histogram at recent samples, read over the span Sluice reads it.
     last_queue_time: [DelaySpan<Histogram>; 2],
+    /// How long each pool's vLLM queue has served nobody, as the scrape reads it.
+    stall: [QueueStall; 2],
+    /// Each pool's inter-token-latency histogram, read over the same span: the batch's pace.
+    last_itl: [DelaySpan<Histogram>; 2],
     /// Spot as Sluice's health checks see it.
     spot_seen_healthy: bool,
     hc_interval: f64,
@@ -234,7 +249,7 @@ pub struct ModelInput<'a> {
 pub fn run(input: ModelInput<'_>) -> Run {
     let s = input.scenario;
     let arrivals = input.arrivals;
-    let sla_ms = [s.sla_ms.guaranteed, s.sla_ms.standard, s.sla_ms.best_effort];
+    let slo = s.objectives();
     let mut engines = [
         Engine::new(s.backends.on_demand),
         Engine::new(s.backends.spot),
@@ -283,6 +298,8 @@ pub fn run(input: ModelInput<'_>) -> Run {
             shared: s.backends.shared,
             outcomes: Default::default(),
             last_queue_time: Default::default(),
+            stall: Default::default(),
+            last_itl: Default::default(),
             spot_seen_healthy: true,
             hc_interval: hc.interval_ms as f64,
             next_hc: 0.0,
@@ -307,6 +324,8 @@ pub fn run(input: ModelInput<'_>) -> Run {
     let mut now = 0.0f64;
     let mut steps = Vec::new();
     let mut open = arrivals.len();
+    // When each request's first token came (ms since the start), streamed or not.
+    let mut first_token: Vec<Option<f64>> = vec![None; arrivals.len()];
 
     while (open > 0 || next_arrival < arrivals.len()) && now <= horizon + DRAIN_LIMIT_MS {
         while next_event < events.len() && events[next_event].at_s * 1000.0 <= now {
@@ -349,11 +368,15 @@ pub fn run(input: ModelInput<'_>) -> Run {
                     for j in e.running.iter().chain(e.waiting.iter()) {
                         if j.slot.is_some() {
                             let r = &records[j.rec];
-                            p.outcomes[j.signal_pool].push(Outcome::pending(
-                                now as u64,
-                                r.tier,
-                                now - r.at_ms as f64,
-                            ));
+                            let at = r.at_ms as f64;
+                            let o = Outcome::pending(now as u64, r.tier, now - at);
+                            // A stream's first token, once it came, as the live registry
+                            // reports it (ms from receipt).
+                            p.outcomes[j.signal_pool].push(if r.stream {
+                                o.streamed(first_token[j.rec].map(|f| f - at), None)
+                            } else {
+                                o
+                            });
                         }
                     }
                 }
@@ -361,19 +384,25 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 let sp = &engines[sp_engine];
                 // vLLM's queue delay as Sluice derives it from two scrapes of the histogram.
                 let mut delay = |pool: usize, e: &Engine| {
+                    let waiting = e.waiting.len() as f64;
+                    let stalled = p.stall[pool].observe(now, waiting, Some(e.queue_time.count));
                     let prev = p.last_queue_time[pool].push(now, e.queue_time);
-                    prev.and_then(|(at, h)| {
-                        e.queue_time
-                            .interval_delay_ms(&h, e.waiting.len() as f64, now - at)
-                    })
+                    prev.and_then(|(at, h)| e.queue_time.interval_delay_ms(&h, waiting, now - at))
+                        .map(|d| d.max(stalled))
                 };
+                // vLLM's mean inter-token latency over the same span: the batch's pace.
+                let mut pace = |pool: usize, e: &Engine| {
+                    let prev = p.last_itl[pool].push(now, e.itl);
+                    prev.and_then(|(_, h)| e.itl.mean_ms_since(&h))
+                };
+                let (od_itl, sp_itl) = (pace(ON_DEMAND, od), pace(SPOT, sp));
                 let signals = PoolSignals {
                     pressure: Some(s.forced_pressure_at(now).unwrap_or(od.usage() * 100.0)),
                     queue_depth: Some(od.waiting.len() as f64),
                     sla_violation_rate: sla_rate,
                     queue_time_ms: delay(ON_DEMAND, od),
                     ttft_ms: None,
-                    itl_ms: None,
+                    itl_ms: od_itl,
                     inflight_work: Some(work[ON_DEMAND]),
                 };
                 let spot = PoolSignals {
@@ -382,23 +411,48 @@ pub fn run(input: ModelInput<'_>) -> Run {
                     sla_violation_rate: None,
                     queue_time_ms: delay(SPOT, sp),
                     ttft_ms: None,
-                    itl_ms: None,
+                    itl_ms: sp_itl,
                     inflight_work: Some(work[SPOT]),
                 };
                 let [o0, o1] = std::mem::take(&mut p.outcomes);
                 p.state = p.policy.sample(&signals, &spot, [&o0, &o1], now as u64);
                 if std::env::var_os("SLUICE_MODEL_TRACE").is_some() {
                     let c = &p.state.pools[0];
+                    // Per tier, each dimension set: headroom, observed quantile / unloaded.
+                    let dims: Vec<String> = Tier::ALL
+                        .iter()
+                        .map(|t| {
+                            let d = &c.dims[t.index()];
+                            let one: Vec<String> = Dim::ALL
+                                .iter()
+                                .filter(|x| d[x.index()].target_ms.is_some())
+                                .map(|x| {
+                                    let r = &d[x.index()];
+                                    format!(
+                                        "{}:h{}/{}/{}",
+                                        x.as_str(),
+                                        r.headroom.map_or("-".into(), |h| format!("{h:.2}")),
+                                        r.observed_ms.map_or("-".into(), |v| format!("{v:.1}")),
+                                        r.unloaded_ms.map_or("-".into(), |v| format!("{v:.1}")),
+                                    )
+                                })
+                                .collect();
+                            format!("{}[{}]", &t.as_str()[..1], one.join(" "))
+                        })
+                        .collect();
                     eprintln!(
-                        "t={:.1} L={:.2} delay={:?} h={:?} lat={:?} lead={:?} moved={:?} w={}",
+                        "t={:.1} L={:.2} delay={:?} itl={:?} kv={:.0} h={:?} lat={:?} lead={:?} moved={:?} w={} {}",
                         now / 1000.0,
                         c.level,
                         c.delay_ms.map(|d| d.round()),
+                        signals.itl_ms.map(|d| (d * 100.0).round() / 100.0),
+                        od.usage() * 100.0,
                         c.headroom.map(|h| h.map(|h| (h * 100.0).round() / 100.0)),
                         c.latency_ms.map(|h| h.map(|h| h.round())),
                         c.lead_ms.map(|h| h.map(|h| h.round())),
                         c.moved,
-                        od.waiting.len()
+                        od.waiting.len(),
+                        dims.join(" ")
                     );
                 }
             }
@@ -476,6 +530,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 match st {
                     Step::FirstToken(i) => {
                         let r = &mut records[i];
+                        first_token[i] = Some(now + DT_MS);
                         if r.stream {
                             r.ttft_ms = Some(now + DT_MS - r.at_ms as f64);
                         }
@@ -486,18 +541,26 @@ pub fn run(input: ModelInput<'_>) -> Run {
                         r.status = 200;
                         r.latency_ms = end - r.at_ms as f64;
                         r.completion_tokens = job.tokens;
-                        let violated = r.latency_ms > sla_ms[r.tier.index()] as f64;
+                        // A stream's pace from its first token to its last, as a client (and
+                        // Sluice) measures it; a whole answer has none of its own.
+                        if r.stream {
+                            r.tpot_ms = first_token[job.rec]
+                                .and_then(|f| Measured::tpot_of(f, end, job.tokens));
+                        }
+                        let violated = !r.met(&slo[r.tier.index()]);
                         completions.push_back((end, violated));
                         open -= 1;
                         if let Some(p) = proxy.as_mut() {
                             if let Some(tier) = job.slot {
                                 p.inflight[tier.index()] -= 1;
                             }
-                            p.outcomes[job.signal_pool].push(Outcome::served(
-                                end as u64,
-                                r.tier,
-                                r.latency_ms,
-                            ));
+                            let served = Outcome::served(end as u64, r.tier, r.latency_ms)
+                                .with_tokens(Some(job.tokens));
+                            p.outcomes[job.signal_pool].push(if r.stream {
+                                served.streamed(r.ttft_ms, r.tpot_ms)
+                            } else {
+                                served
+                            });
                         }
                     }
                 }
@@ -543,7 +606,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
         overhead: None,
         cooldown_ms: proxy.as_ref().map_or(0, |p| p.rules.stability.cooldown_ms),
         recovery_marker_ms: s.recovery_marker_s.map(|x| (x * 1000.0) as u64),
-        sla_ms,
+        slo,
         sluice_rss_kib: None,
         notes: Vec::new(),
     }
@@ -586,6 +649,12 @@ fn arrive(
     rec.pool = d.pool.as_str().into();
     if d.action == Action::Reject {
         rec.status = 429;
+        return false;
+    }
+    if slo_unattainable(&p.state, &p.rules, &d, a.tier) {
+        rec.status = 429;
+        rec.decision = "reject".into();
+        rec.reason = Reason::RejectSloUnattainable.as_str().into();
         return false;
     }
     let tokens = match d.action.max_tokens_cap() {
@@ -649,6 +718,19 @@ fn arrive(
     false
 }
 
+/// The proxy's refusal of a Standard or Best-Effort request whose first token its pool cannot
+/// give in time (`crates/proxy/src/admit.rs`, `fn unattainable`), after `decide`, for a request
+/// neither rejected nor moved to the fallback: vLLM's queue delay there plus the tier's learned
+/// unloaded TTFT (else the lowest any tier has learned) past the tier's TTFT target.
+fn slo_unattainable(
+    state: &PolicyState,
+    rules: &PolicyRules,
+    d: &sluice_policy::Decision,
+    tier: Tier,
+) -> bool {
+    slo::refused_estimate(state, d, rules.tier(tier).slo.ttft_ms).is_some()
+}
+
 /// A queued request answered 429 without being served.
 fn refuse_waiter(r: &mut RequestRecord, x: &Queued, reason: Reason, now: f64) {
     r.status = 429;
@@ -704,4 +786,135 @@ fn dispatch(
     });
     e.admit(now);
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sluice_conf::{self, Addrs, SlaSignal};
+    use sluice_policy::{PressureState, Tier};
+
+    fn rules() -> PolicyRules {
+        let s = Scenario::built_in("tiny").unwrap().with_slo_x(2.0).unwrap();
+        let dir = std::env::temp_dir();
+        let cfg = sluice_conf::for_mode(
+            &s,
+            Mode::Adaptive,
+            &Addrs::placeholder(),
+            &dir,
+            SlaSignal::Off,
+        )
+        .unwrap();
+        sluice_conf::parse(&cfg, &dir).unwrap().policy_rules()
+    }
+
+    fn decision(tier: Tier, action: Action, pool: Pool) -> sluice_policy::Decision {
+        sluice_policy::Decision {
+            tier,
+            state: PressureState::Normal,
+            action,
+            reason: Reason::AdmittedWithinHeadroom,
+            pool,
+            route_reason: Reason::AdmittedWithinHeadroom,
+            queue_eligible: false,
+        }
+    }
+
+    #[test]
+    fn a_first_token_past_the_target_refuses_lower_tiers_as_the_proxy_does() {
+        let rules = rules();
+        let target = rules.tier(Tier::Standard).slo.ttft_ms.unwrap() as f64;
+        let mut state = PolicyState::initial();
+        let od = &mut state.pools[0];
+        od.dims[Tier::Standard.index()][Dim::Ttft.index()].unloaded_ms = Some(10.0);
+        od.delay_ms = Some(target);
+        let pass = |t| decision(t, Action::Pass, Pool::OnDemand);
+        // Queue delay plus the learned prefill past the target: refused, never Guaranteed.
+        assert!(slo_unattainable(
+            &state,
+            &rules,
+            &pass(Tier::Standard),
+            Tier::Standard
+        ));
+        assert!(!slo_unattainable(
+            &state,
+            &rules,
+            &pass(Tier::Guaranteed),
+            Tier::Guaranteed
+        ));
+        // Moved to the fallback, or already refused: judged elsewhere.
+        let moved = decision(
+            Tier::Standard,
+            Action::Fallback { max_tokens: None },
+            Pool::Fallback,
+        );
+        assert!(!slo_unattainable(&state, &rules, &moved, Tier::Standard));
+        // A tier without a learned value of its own borrows the lowest another tier learned;
+        // within reach, or with no queue reading, it is admitted.
+        state.pools[0].delay_ms = Some(target / 2.0);
+        assert!(!slo_unattainable(
+            &state,
+            &rules,
+            &pass(Tier::Standard),
+            Tier::Standard
+        ));
+        state.pools[0].dims[Tier::Standard.index()][Dim::Ttft.index()].unloaded_ms = None;
+        state.pools[0].dims[Tier::Guaranteed.index()][Dim::Ttft.index()].unloaded_ms = Some(target);
+        assert!(slo_unattainable(
+            &state,
+            &rules,
+            &pass(Tier::Standard),
+            Tier::Standard
+        ));
+        state.pools[0].delay_ms = None;
+        assert!(!slo_unattainable(
+            &state,
+            &rules,
+            &pass(Tier::Standard),
+            Tier::Standard
+        ));
+    }
+
+    #[test]
+    fn ttft_grows_with_queueing_and_tpot_with_the_batch() {
+        // Seed's peak, direct, on the slowdown engine: the streams' first tokens wait and
+        // their pace slows against the arrivals of the quiet start.
+        let s = Scenario::built_in("seed").unwrap().with_slo_x(2.0).unwrap();
+        let arrivals = s.arrivals();
+        let run = run(ModelInput {
+            scenario: &s,
+            mode: Mode::Direct,
+            arrivals: &arrivals,
+            config: None,
+            sla_window_ms: None,
+        });
+        let window = |from: u64, to: u64, f: fn(&RequestRecord) -> Option<f64>| {
+            let v: Vec<f64> = run
+                .records
+                .iter()
+                .filter(|r| r.tier == Tier::Guaranteed && (from..to).contains(&r.at_ms))
+                .filter_map(f)
+                .collect();
+            v.iter().sum::<f64>() / v.len().max(1) as f64
+        };
+        let (quiet_ttft, peak_ttft) = (
+            window(0, 10_000, |r| r.ttft_ms),
+            window(28_000, 38_000, |r| r.ttft_ms),
+        );
+        let (quiet_tpot, peak_tpot) = (
+            window(0, 10_000, |r| r.tpot_ms),
+            window(28_000, 38_000, |r| r.tpot_ms),
+        );
+        assert!(peak_ttft > 3.0 * quiet_ttft, "{quiet_ttft} → {peak_ttft}");
+        assert!(peak_tpot > 1.5 * quiet_tpot, "{quiet_tpot} → {peak_tpot}");
+        // Every served stream has both; a whole answer has neither.
+        for r in run.records.iter().filter(|r| r.completed()) {
+            assert_eq!(r.ttft_ms.is_some(), r.stream, "{r:?}");
+            assert_eq!(
+                r.tpot_ms.is_some(),
+                r.stream && r.completion_tokens >= 2,
+                "{r:?}"
+            );
+        }
+    }
 }

@@ -5,11 +5,17 @@
 //!
 //! nginx is our own instance (`nginx -p <temp prefix> -c <generated conf>`) on a free port, with
 //! as many workers as Sluice has threads; the system nginx is never touched.
+//!
+//! Two more Sluice targets measure distributed tracing (`telemetry.tracing`): on, sampling every
+//! request, exporting to a stand-in OTLP/HTTP collector in this process ([`OtlpSink`]), and
+//! configured but off (`enabled: false`); the plain Sluice row is tracing off by default.
 
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::flame;
@@ -96,9 +102,113 @@ enum Extras {
     None,
     Ledger,
     LedgerAndRedis,
+    /// Tracing on, every request sampled, spans exported to the stand-in collector.
+    Tracing,
+    /// The same tracing block with `enabled: false`.
+    TracingOff,
 }
 
-fn sluice_config(listen: &str, od: &str, spot: &str, dir: &Path, extras: Extras) -> Value {
+/// The two tracing targets' names, and the row they are compared with.
+const TRACED: &str = "sluice + tracing 100 %";
+const TRACING_OFF: &str = "sluice + tracing configured off";
+const UNTRACED: &str = "sluice";
+
+/// A stand-in OTLP/HTTP trace collector: answers every `POST /v1/traces` with 200 and an empty
+/// `ExportTraceServiceResponse` once it has read the body, counting requests and bytes. It does
+/// not decode the spans (the testkit's receiver keeps every span, which at tens of thousands of
+/// spans a second would grow without bound and take the proxy's cores to decode them); what
+/// Sluice exported is read from its own `sluice_trace_spans_total`.
+struct OtlpSink {
+    addr: String,
+    posts: Arc<AtomicU64>,
+    bytes: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OtlpSink {
+    async fn start() -> Result<Self, String> {
+        use http_body_util::{BodyExt, Full};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| format!("OTLP sink: {e}"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| e.to_string())?
+            .to_string();
+        let (posts, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (p, b) = (Arc::clone(&posts), Arc::clone(&bytes));
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let _ = stream.set_nodelay(true);
+                let (p, b) = (Arc::clone(&p), Arc::clone(&b));
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (p, b) = (Arc::clone(&p), Arc::clone(&b));
+                        async move {
+                            let traces = req.method() == hyper::Method::POST
+                                && req.uri().path() == "/v1/traces";
+                            let n = req
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|c| c.to_bytes().len())
+                                .unwrap_or(0);
+                            let status = if traces {
+                                p.fetch_add(1, Ordering::Relaxed);
+                                b.fetch_add(n as u64, Ordering::Relaxed);
+                                200
+                            } else {
+                                404
+                            };
+                            hyper::Response::builder()
+                                .status(status)
+                                .header("content-type", "application/x-protobuf")
+                                .body(Full::new(bytes::Bytes::new()))
+                        }
+                    },
+                );
+                tokio::spawn(async move {
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await;
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            posts,
+            bytes,
+            task,
+        })
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn seen(&self) -> (u64, u64) {
+        (
+            self.posts.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Drop for OtlpSink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn sluice_config(
+    listen: &str,
+    od: &str,
+    spot: &str,
+    dir: &Path,
+    extras: Extras,
+    otlp: &str,
+) -> Value {
     let mut cfg = json!({
         "listen": [listen],
         "ops_listen": [sluice_testkit::free_addr()],
@@ -125,6 +235,19 @@ fn sluice_config(listen: &str, od: &str, spot: &str, dir: &Path, extras: Extras)
             &json!({"redis_url": REDIS_URL, "coordination": {"redis_prefix": "sluice-bench"}}),
         );
     }
+    if matches!(extras, Extras::Tracing | Extras::TracingOff) {
+        // The shipped sampler (parent-based, ratio 1: wrk sends no traceparent, so every
+        // request starts a sampled trace) and export settings.
+        crate::sluice_conf::merge(
+            &mut cfg,
+            &json!({"telemetry": {"tracing": {
+                "enabled": extras == Extras::Tracing,
+                "endpoint": otlp,
+                "sampler": "parentbased_traceidratio",
+                "ratio": 1.0,
+            }}}),
+        );
+    }
     cfg
 }
 
@@ -141,8 +264,11 @@ async fn start_with(
     for _ in 0..50 {
         let st = procs::get_json(c, &p.ops_url("/status")).await?;
         let deps = &st["dependencies"];
+        let tracing = &st["telemetry"]["tracing"]["enabled"];
         let ready = match extras {
             Extras::None => true,
+            Extras::Tracing => *tracing == json!(true),
+            Extras::TracingOff => *tracing == json!(false),
             Extras::Ledger => deps["ledger"] == json!(true) && st["coordinator"] == json!("local"),
             Extras::LedgerAndRedis => {
                 st["coordinator"] != json!("local")
@@ -157,8 +283,8 @@ async fn start_with(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Err(format!(
-        "started, but not using both: coordinator {}, dependencies {}",
-        last["coordinator"], last["dependencies"]
+        "started, but not using its extras: coordinator {}, dependencies {}, tracing {}",
+        last["coordinator"], last["dependencies"], last["telemetry"]["tracing"]
     ))
 }
 
@@ -303,14 +429,24 @@ pub async fn run(
         skipped: None,
         process: Some(bare),
     });
+    let otlp = OtlpSink::start().await?;
     for (name, extras) in [
-        ("sluice", Extras::None),
+        (UNTRACED, Extras::None),
         ("sluice + ledger", Extras::Ledger),
         ("sluice + ledger + redis", Extras::LedgerAndRedis),
+        (TRACED, Extras::Tracing),
+        (TRACING_OFF, Extras::TracingOff),
     ] {
-        let dir = wd.path.join(name.replace([' ', '+'], ""));
+        let dir = wd.path.join(name.replace([' ', '+', '%'], ""));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let cfg = sluice_config(&procs::free_addr()?, &od.addr, &spot.addr, &dir, extras);
+        let cfg = sluice_config(
+            &procs::free_addr()?,
+            &od.addr,
+            &spot.addr,
+            &dir,
+            extras,
+            &otlp.endpoint(),
+        );
         match start_with(&bin, &cfg, &dir, &c, extras).await {
             Ok(s) => targets.push(Target {
                 name,
@@ -366,13 +502,17 @@ pub async fn run(
     }
     let rows = median_rows(&rounds_rows);
     let mut own = Vec::new();
+    let mut spans = None;
     for t in &targets {
         if let Some(p) = t.process.as_ref().filter(|_| t.name.starts_with("sluice")) {
             let (_, body) = procs::request(&c, "GET", &p.ops_url("/metrics"), None).await?;
-            if let Some((n, p50, p99)) = report::histogram_quantiles(
-                &String::from_utf8_lossy(&body),
-                "sluice_proxy_overhead_seconds",
-            ) {
+            let text = String::from_utf8_lossy(&body);
+            if t.name == TRACED {
+                spans = Some(trace_spans(&text));
+            }
+            if let Some((n, p50, p99)) =
+                report::histogram_quantiles(&text, "sluice_proxy_overhead_seconds")
+            {
                 own.push(format!(
                     "{}: {n:.0} requests, p50 {:.1} µs, p99 {:.1} µs",
                     t.name,
@@ -391,7 +531,39 @@ pub async fn run(
         md.push_str(&spread_table(&rounds_rows, conns));
     }
     md.push_str(&steal_line(&steal));
+    let tracing_md = tracing_section(
+        &rounds_rows,
+        conns,
+        spans.as_ref(),
+        otlp.seen(),
+        secs,
+        rounds,
+    );
+    md.push_str(&tracing_md);
     println!("{md}");
+    if targets
+        .iter()
+        .any(|t| t.name == TRACED && t.skipped.is_none())
+    {
+        let path = common.out.join("overhead-tracing.md");
+        let mut file = String::from("## Request-path overhead of distributed tracing\n\n");
+        let _ = writeln!(file, "Command: `{}`  \n{}\n", command_line(), env.line());
+        file.push_str(&table(&rows, conns));
+        if rounds_rows.len() > 1 {
+            let _ = writeln!(
+                file,
+                "\nEach row is the median of {} rounds. Sluice's req/s ÷ bare Pingora's in each round:\n",
+                rounds_rows.len()
+            );
+            file.push_str(&spread_table(&rounds_rows, conns));
+        }
+        file.push_str(&steal_line(&steal));
+        file.push_str(&tracing_md);
+        std::fs::create_dir_all(&common.out)
+            .map_err(|e| format!("{}: {e}", common.out.display()))?;
+        std::fs::write(&path, file).map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("sluice-bench: wrote {}", path.display());
+    }
     if let Some(dir) = flamegraphs {
         flame_runs(&targets, dir, secs, &script, &wd.path)?;
     }
@@ -416,8 +588,9 @@ pub async fn run(
          same with the PostgreSQL decision ledger (`{LEDGER_URL}`, schema `sluice_bench`); and with \
          the ledger and Redis admission (`{REDIS_URL}`, prefix `sluice-bench`). Everything — wrk, \
          backend, proxy — shares the machine's cores, so absolute numbers are low and noisy; the \
-         ratios measured in the same run are the point. *Added* is the target's latency minus \
-         direct's at the same concurrency.\n",
+         ratios measured in the same run are the point; the two tracing targets are described \
+         under \"Tracing\" below. *Added* is the target's latency minus direct's at the same \
+         concurrency.\n",
         THREADS,
         nginx_version()
     );
@@ -602,6 +775,150 @@ fn flame_runs(
     std::fs::write(&path, &md).map_err(|e| format!("{}: {e}", path.display()))?;
     println!("{md}");
     Ok(())
+}
+
+/// The command as run, for the results file.
+fn command_line() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("target/release/sluice-bench {}", args.join(" "))
+}
+
+/// `sluice_trace_spans_total` by outcome (exported, dropped, failed).
+fn trace_spans(metrics: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("sluice_trace_spans_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once('}') else {
+            continue;
+        };
+        let outcome = labels.split(',').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k.trim() == "outcome").then(|| v.trim().trim_matches('"').to_string())
+        });
+        if let (Some(o), Ok(v)) = (outcome, value.trim().parse::<f64>()) {
+            *out.entry(o).or_default() += v as u64;
+        }
+    }
+    out
+}
+
+/// One target's wrk result in a round.
+fn found<'a>(rows: &'a [Row], n: u32, name: &str) -> Option<&'a WrkResult> {
+    rows.iter()
+        .find(|r| r.0 == n && r.1 == name)
+        .and_then(|r| r.2.as_ref().ok())
+}
+
+/// The tracing targets against plain Sluice (tracing off), round by round: req/s ratios with
+/// their medians, the added latency, the issue's targets, and what was exported.
+fn tracing_section(
+    rounds: &[Vec<Row>],
+    conns: &[u32],
+    spans: Option<&std::collections::BTreeMap<String, u64>>,
+    (posts, bytes): (u64, u64),
+    secs: u64,
+    n_rounds: u32,
+) -> String {
+    let mut s = String::new();
+    let measured = rounds
+        .iter()
+        .any(|rows| rows.iter().any(|r| r.1 == TRACED && r.2.is_ok()));
+    if !measured {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "\n### Tracing\n\n`{TRACED}`: `telemetry.tracing` on with the shipped sampler \
+         (`parentbased_traceidratio`, ratio 1: wrk sends no `traceparent`, so every request starts \
+         a sampled trace: a SERVER span and a CLIENT span per upstream attempt) and the shipped \
+         export settings, exporting OTLP/HTTP protobuf to a stand-in collector inside the harness \
+         (reads each POST whole and answers 200 without decoding; on the same 2 cores). \
+         `{TRACING_OFF}`: the same block with `enabled: false`. `{UNTRACED}`: no tracing block \
+         (off, the default). Ratios are req/s within the same round ({n_rounds} rounds of {secs} s \
+         per target); added latency is the per-round-median p50 / p99 minus `{UNTRACED}`'s.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| connections | traced ÷ off, per round | median | added p50 / p99 traced | configured off ÷ off, per round | median | {UNTRACED} ÷ bare Pingora, median |\n|---|---|---|---|---|---|---|"
+    );
+    let mut verdicts = Vec::new();
+    for &n in conns {
+        let ratios = |name: &str, base: &str| -> Vec<f64> {
+            rounds
+                .iter()
+                .filter_map(|rows| {
+                    let b = found(rows, n, base).filter(|b| b.rps > 0.0)?;
+                    Some(found(rows, n, name)?.rps / b.rps)
+                })
+                .collect()
+        };
+        let each = |v: &[f64]| {
+            v.iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let med = |v: &[f64]| {
+            if v.is_empty() {
+                "–".to_string()
+            } else {
+                format!("{:.3}×", median(v.to_vec()))
+            }
+        };
+        let traced = ratios(TRACED, UNTRACED);
+        let off = ratios(TRACING_OFF, UNTRACED);
+        let vs_bare = ratios(UNTRACED, "pingora (bare)");
+        let lat = |name: &str, f: fn(&WrkResult) -> f64| {
+            median(
+                rounds
+                    .iter()
+                    .filter_map(|rows| found(rows, n, name).map(f))
+                    .collect(),
+            )
+        };
+        let added = format!(
+            "{:+.3} / {:+.3} ms",
+            lat(TRACED, |r| r.p50_ms) - lat(UNTRACED, |r| r.p50_ms),
+            lat(TRACED, |r| r.p99_ms) - lat(UNTRACED, |r| r.p99_ms)
+        );
+        let _ = writeln!(
+            s,
+            "| {n} | {} | {} | {added} | {} | {} | {} |",
+            each(&traced),
+            med(&traced),
+            each(&off),
+            med(&off),
+            med(&vs_bare)
+        );
+        if !traced.is_empty() {
+            let m = median(traced.clone());
+            verdicts.push(format!(
+                "- {n} connections: **{}** sampling 100 % within 10 % of off (median traced ÷ off {m:.3} ≥ 0.90)",
+                if m >= 0.90 { "PASS" } else { "FAIL" }
+            ));
+        }
+        if !off.is_empty() {
+            let m = median(off.clone());
+            verdicts.push(format!(
+                "- {n} connections: **{}** tracing configured off costs nothing measurable (median configured off ÷ off {m:.3}, within ±5 %)",
+                if (m - 1.0).abs() <= 0.05 { "PASS" } else { "FAIL" }
+            ));
+        }
+    }
+    let _ = writeln!(s, "\nTargets:\n\n{}", verdicts.join("\n"));
+    if let Some(spans) = spans {
+        let by: Vec<String> = spans.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(
+            s,
+            "\nThe traced Sluice's `sluice_trace_spans_total` over all its runs (warm-up included): {}; \
+             the collector received {posts} POSTs, {:.1} MB.",
+            if by.is_empty() { "none".to_string() } else { by.join(", ") },
+            bytes as f64 / 1e6
+        );
+    }
+    s
 }
 
 fn nginx_version() -> String {

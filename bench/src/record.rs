@@ -3,6 +3,7 @@
 //! (and one plot) reads either.
 
 use serde::Serialize;
+use sluice_policy::slo::{judge, Dim, Judged, Measured, Slo};
 use sluice_policy::{PressureState, Tier};
 
 use crate::scenario::{ser_tier, Arrival};
@@ -79,6 +80,9 @@ pub struct RequestRecord {
     pub latency_ms: f64,
     /// Arrival → first streamed token; `None` when not streamed or not completed.
     pub ttft_ms: Option<f64>,
+    /// A completed stream's time per output token after the first: (last token − first) ÷
+    /// (completion tokens − 1); `None` when not streamed, not completed or under two tokens.
+    pub tpot_ms: Option<f64>,
     pub stream: bool,
     /// The completion the request gets uncapped: `max_tokens`, or where the engine model ends
     /// the answer on its own before it.
@@ -104,6 +108,7 @@ impl RequestRecord {
             status: 0,
             latency_ms: 0.0,
             ttft_ms: None,
+            tpot_ms: None,
             stream: a.stream,
             answer_tokens: a.answer_tokens(a.max_tokens),
             completion_tokens: 0,
@@ -112,6 +117,33 @@ impl RequestRecord {
             pool: String::new(),
             queue_wait_ms: None,
         }
+    }
+
+    /// What was measured of it, as Sluice's own judgement of an objective reads it.
+    pub fn measured(&self) -> Measured {
+        Measured {
+            latency_ms: self.latency_ms,
+            ttft_ms: self.ttft_ms,
+            tpot_ms: self.tpot_ms,
+            completion_tokens: Some(self.completion_tokens),
+            stream: self.stream,
+        }
+    }
+
+    /// How it fared against `slo` (Sluice's own [`judge`]); `None` when it was not served: a
+    /// refusal, an error or a timeout meets no dimension.
+    pub fn judged(&self, slo: &Slo) -> Option<Judged> {
+        self.completed().then(|| judge(slo, &self.measured()))
+    }
+
+    /// Served and within every dimension of `slo`.
+    pub fn met(&self, slo: &Slo) -> bool {
+        self.judged(slo).is_some_and(|j| j.met())
+    }
+
+    /// Served and within dimension `d` of `slo` (a dimension not set is met by any answer).
+    pub fn met_dim(&self, slo: &Slo, d: Dim) -> bool {
+        self.judged(slo).is_some_and(|j| !j.missed[d.index()])
     }
 
     pub fn completed(&self) -> bool {
@@ -132,8 +164,13 @@ impl RequestRecord {
         self.queue_wait_ms.is_some() || self.decision == "queue"
     }
 
+    /// Moved to the fallback model: the model names the pool `fallback`; live, Sluice's
+    /// `x-sluice-pool` names the pool that serves the fallback model (`spot`), where only a
+    /// moved request of an on-demand tier runs.
     pub fn fallback(&self) -> bool {
         self.pool == "fallback"
+            || self.decision == "fallback"
+            || (self.pool == "spot" && self.tier != Tier::BestEffort)
     }
 }
 
@@ -193,9 +230,40 @@ pub struct Run {
     /// The stability cooldown the run used, for the flapping count.
     pub cooldown_ms: u64,
     pub recovery_marker_ms: Option<u64>,
-    pub sla_ms: [u64; 3],
+    /// Each tier's objective (by [`Tier::index`]): the scenario's TTFT and TPOT targets, or
+    /// its end-to-end target alone.
+    #[serde(serialize_with = "ser_slos")]
+    pub slo: [Slo; 3],
     /// Sluice's peak resident memory over the run, KiB.
     pub sluice_rss_kib: Option<u64>,
     /// Anything the reader should know about how this run went (e.g. a signal source).
     pub notes: Vec<String>,
+}
+
+fn ser_slos<S: serde::Serializer>(v: &[Slo; 3], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(
+        |o| serde_json::json!({"ttft_ms": o.ttft_ms, "tpot_ms": o.tpot_ms, "e2e_ms": o.e2e_ms}),
+    ))
+}
+
+/// An objective as a report prints it: `TTFT 45 / TPOT 2 ms`, or `e2e 2000 ms`.
+pub fn slo_label(o: &Slo) -> String {
+    let parts: Vec<String> = o
+        .dims()
+        .map(|d| {
+            let name = match d {
+                Dim::Ttft => "TTFT",
+                Dim::Tpot => "TPOT",
+                Dim::E2e => "e2e",
+            };
+            format!("{name} {}", o.get(d).unwrap_or(0))
+        })
+        .collect();
+    format!("{} ms", parts.join(" / "))
+}
+
+/// Whether any tier's objective is in TTFT / TPOT terms (the per-dimension tables apply).
+pub fn per_dimension(slo: &[Slo; 3]) -> bool {
+    slo.iter()
+        .any(|o| o.ttft_ms.is_some() || o.tpot_ms.is_some())
 }

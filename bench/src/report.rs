@@ -8,6 +8,7 @@
 //! error or a timeout counts as a violation). Targets are judged on `viol % all`.
 
 use serde::Serialize;
+use sluice_policy::slo::{Dim, Slo};
 use sluice_policy::{PressureState, Tier};
 use std::fmt::Write as _;
 
@@ -36,12 +37,28 @@ pub struct TierSummary {
     pub ttft_p50_ms: Option<f64>,
     pub ttft_p95_ms: Option<f64>,
     pub ttft_p99_ms: Option<f64>,
+    /// Streamed answers' time per output token.
+    pub tpot_p50_ms: Option<f64>,
+    pub tpot_p95_ms: Option<f64>,
+    /// The objective the requests were judged against (`TTFT 45 / TPOT 2 ms`).
+    pub objective: String,
+    /// Per dimension of the objective (by [`Dim::index`]: TTFT, TPOT, e2e), requests served
+    /// within it; `None` where the objective does not set it.
+    pub met_dim: [Option<usize>; 3],
+    /// The same as a share of all requests (a refusal, an error or a timeout meets nothing).
+    /// A whole (non-streamed) answer meets TTFT and TPOT together, by the deadline a stream
+    /// meeting both would have kept, so its queueing counts on TPOT too.
+    pub attain_dim_pct: [Option<f64>; 3],
+    /// The pace alone: served streams whose measured TPOT is within the target, % of the
+    /// served streams with a TPOT (two tokens or more).
+    pub stream_tpot_met_pct: Option<f64>,
     pub degraded: usize,
     pub queued: usize,
     pub fallback: usize,
     pub rejected: usize,
     pub errors: usize,
-    /// Requests completed within SLA per second of the arrival window.
+    /// Requests completed within SLA (every dimension of the objective: SLO goodput) per
+    /// second of the arrival window.
     pub goodput_rps: f64,
     /// Completion tokens of those requests per second.
     pub goodput_tps: f64,
@@ -51,18 +68,14 @@ pub struct TierSummary {
     pub pools: std::collections::BTreeMap<String, usize>,
 }
 
-pub fn within_sla(r: &RequestRecord, sla_ms: u64) -> bool {
-    r.completed() && r.latency_ms <= sla_ms as f64
-}
-
 pub fn tier_summary(
     records: &[RequestRecord],
     tier: Tier,
-    sla_ms: u64,
+    slo: &Slo,
     duration_s: f64,
 ) -> TierSummary {
     let rs: Vec<&RequestRecord> = records.iter().filter(|r| r.tier == tier).collect();
-    summary_of(tier.as_str(), &rs, sla_ms, duration_s)
+    summary_of(tier.as_str(), &rs, slo, duration_s)
 }
 
 /// One tenant's requests (all of one tier in the scenarios), labelled with the tenant.
@@ -72,21 +85,22 @@ pub fn tenant_summary(run: &Run, tenant: &str) -> Option<TierSummary> {
     Some(summary_of(
         tenant,
         &rs,
-        run.sla_ms[tier.index()],
+        &run.slo[tier.index()],
         run.duration_s,
     ))
 }
 
-fn summary_of(label: &str, rs: &[&RequestRecord], sla_ms: u64, duration_s: f64) -> TierSummary {
+fn summary_of(label: &str, rs: &[&RequestRecord], slo: &Slo, duration_s: f64) -> TierSummary {
     let completed: Vec<&&RequestRecord> = rs.iter().filter(|r| r.completed()).collect();
-    let good: Vec<&&RequestRecord> = completed
-        .iter()
-        .copied()
-        .filter(|r| within_sla(r, sla_ms))
-        .collect();
+    let good: Vec<&&RequestRecord> = completed.iter().copied().filter(|r| r.met(slo)).collect();
     let lat = sorted(completed.iter().map(|r| r.latency_ms).collect());
     let ttft = sorted(completed.iter().filter_map(|r| r.ttft_ms).collect());
+    let tpot = sorted(completed.iter().filter_map(|r| r.tpot_ms).collect());
     let pct = |num: usize, den: usize| (den > 0).then(|| 100.0 * num as f64 / den as f64);
+    let met_dim = Dim::ALL.map(|d| {
+        slo.get(d)
+            .map(|_| rs.iter().filter(|r| r.met_dim(slo, d)).count())
+    });
     let rejected = rs.iter().filter(|r| r.rejected()).count();
     let errors = rs.len() - completed.len() - rejected;
     let dur = duration_s.max(1e-9);
@@ -103,6 +117,16 @@ fn summary_of(label: &str, rs: &[&RequestRecord], sla_ms: u64, duration_s: f64) 
         ttft_p50_ms: percentile(&ttft, 50.0),
         ttft_p95_ms: percentile(&ttft, 95.0),
         ttft_p99_ms: percentile(&ttft, 99.0),
+        tpot_p50_ms: percentile(&tpot, 50.0),
+        tpot_p95_ms: percentile(&tpot, 95.0),
+        objective: crate::record::slo_label(slo),
+        met_dim,
+        attain_dim_pct: met_dim.map(|m| m.and_then(|m| pct(m, rs.len()))),
+        stream_tpot_met_pct: slo.tpot_ms.and_then(|target| {
+            let paced: Vec<f64> = completed.iter().filter_map(|r| r.tpot_ms).collect();
+            let within = paced.iter().filter(|v| **v <= target as f64).count();
+            pct(within, paced.len())
+        }),
         degraded: rs.iter().filter(|r| r.degraded()).count(),
         queued: rs.iter().filter(|r| r.queued()).count(),
         fallback: rs.iter().filter(|r| r.fallback()).count(),
@@ -208,15 +232,15 @@ pub fn recovery(run: &Run) -> Recovery {
         return Recovery::default();
     };
     let after: Vec<&RequestRecord> = run.records.iter().filter(|r| r.at_ms >= marker).collect();
-    let sla = |r: &RequestRecord| run.sla_ms[r.tier.index()];
-    let last_miss = after.iter().rposition(|r| !within_sla(r, sla(r)));
+    let met = |r: &RequestRecord| r.met(&run.slo[r.tier.index()]);
+    let last_miss = after.iter().rposition(|r| !met(r));
     let (sla_ms, sla_recovered) = match last_miss {
         // No arrivals after the marker: nothing to measure recovery on.
         None if after.is_empty() => (None, false),
         None => (Some(0), true),
         Some(i) => (
             Some(after[i].at_ms - marker),
-            after[i + 1..].iter().any(|r| within_sla(r, sla(r))),
+            after[i + 1..].iter().any(|r| met(r)),
         ),
     };
     let has_states = run.samples.iter().any(|s| s.states.is_some());
@@ -271,6 +295,8 @@ pub struct RunSummary {
     pub notes: Vec<String>,
     /// How the controller treated an idle fleet; Sluice runs in adaptive mode only.
     pub idle: Option<IdleOpen>,
+    /// The objectives are in TTFT / TPOT terms: the per-dimension table applies.
+    pub per_dimension: bool,
 }
 
 /// "Idle means open": a pool is idle once nothing has waited in vLLM and its KV usage has
@@ -298,8 +324,9 @@ pub const RELEASE_WITHIN_MS: u64 = 3000;
 /// The shipped `shape_pressure_at`: at or above it the level may rightly hold the caps.
 const SHAPE_FLOOR_KV: f64 = 90.0;
 
-/// The reasons for which the adaptive controller itself refuses or caps a request.
-const CONTROLLER_REASONS: [&str; 8] = [
+/// The reasons for which the adaptive controller itself refuses or caps a request (its
+/// TTFT refusal included: it reads the controller's queue delay and learned prefill).
+const CONTROLLER_REASONS: [&str; 9] = [
     "degrade_slo_headroom",
     "degrade_brownout",
     "degrade_cache_nearly_full",
@@ -308,6 +335,7 @@ const CONTROLLER_REASONS: [&str; 8] = [
     "degrade_work_limit",
     "fallback_work_limit",
     "reject_work_limit",
+    "reject_slo_unattainable",
 ];
 
 /// A pool's view in the samples: (time, KV %, waiting, level, the policy saw a full cache).
@@ -406,7 +434,7 @@ pub fn idle_open(run: &Run) -> Option<IdleOpen> {
 pub fn summarize(run: &Run) -> RunSummary {
     let tiers: Vec<TierSummary> = Tier::ALL
         .iter()
-        .map(|&t| tier_summary(&run.records, t, run.sla_ms[t.index()], run.duration_s))
+        .map(|&t| tier_summary(&run.records, t, &run.slo[t.index()], run.duration_s))
         .filter(|s| s.requests > 0)
         .collect();
     // "All tiers": each request against its own tier's target.
@@ -425,10 +453,24 @@ pub fn summarize(run: &Run) -> RunSummary {
         all.errors += s.errors;
         all.goodput_rps += s.goodput_rps;
         all.goodput_tps += s.goodput_tps;
+        for d in Dim::ALL {
+            if let Some(m) = s.met_dim[d.index()] {
+                *all.met_dim[d.index()].get_or_insert(0) += m;
+            }
+        }
     }
     let pct = |num: usize, den: usize| (den > 0).then(|| 100.0 * num as f64 / den as f64);
     all.viol_served_pct = pct(all.completed - all.within_sla, all.completed);
     all.viol_all_pct = pct(all.requests - all.within_sla, all.requests);
+    // A dimension only some tiers set is reported over those tiers' requests.
+    for d in Dim::ALL {
+        let den: usize = tiers
+            .iter()
+            .filter(|s| s.met_dim[d.index()].is_some())
+            .map(|s| s.requests)
+            .sum();
+        all.attain_dim_pct[d.index()] = all.met_dim[d.index()].and_then(|m| pct(m, den));
+    }
     let tr = transitions(&run.samples);
     RunSummary {
         scenario: run.scenario.clone(),
@@ -460,6 +502,7 @@ pub fn summarize(run: &Run) -> RunSummary {
         sluice_rss_kib: run.sluice_rss_kib,
         notes: run.notes.clone(),
         idle: idle_open(run),
+        per_dimension: crate::record::per_dimension(&run.slo),
     }
 }
 
@@ -578,7 +621,80 @@ pub fn scenario_table(summaries: &[RunSummary]) -> String {
     s
 }
 
-/// Run-level figures: overhead, transitions, flapping, recovery.
+/// One markdown table for a scenario whose objectives are in TTFT / TPOT terms: a row per
+/// (mode, tier) with the share of all its requests served within each dimension set and
+/// within all of them (a refusal, an error or a timeout meets none), the streamed answers'
+/// TTFT and TPOT, and the SLO goodput (requests within every dimension per second).
+pub fn slo_table(summaries: &[RunSummary]) -> String {
+    let dims: Vec<Dim> = Dim::ALL
+        .into_iter()
+        .filter(|d| {
+            summaries
+                .iter()
+                .any(|r| r.tiers.iter().any(|t| t.met_dim[d.index()].is_some()))
+        })
+        .collect();
+    let name = |d: Dim| match d {
+        Dim::Ttft => "TTFT",
+        Dim::Tpot => "TPOT",
+        Dim::E2e => "e2e",
+    };
+    let mut s = String::from("| mode | tier | req | objective |");
+    for d in &dims {
+        let _ = write!(s, " {} met % |", name(*d));
+    }
+    s.push_str(" **SLO met %** | streams' pace within TPOT % | TTFT p50 / p95 ms (streamed) | TPOT p50 / p95 ms (streamed) | p95 latency ms | done | degraded | queued | fallback | rejected | errors | **SLO goodput req/s** |\n|---|---|---|---|");
+    for _ in &dims {
+        s.push_str("---|");
+    }
+    s.push_str("---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for run in summaries {
+        for t in run.tiers.iter().chain(std::iter::once(&run.all)) {
+            let all = t.tier == "all";
+            let _ = write!(
+                s,
+                "| {} | {} | {} | {} |",
+                run.mode,
+                t.tier,
+                t.requests,
+                if all { "" } else { t.objective.as_str() }
+            );
+            for d in &dims {
+                let _ = write!(s, " {} |", fmt_opt(t.attain_dim_pct[d.index()], 1));
+            }
+            let met = t.viol_all_pct.map(|v| 100.0 - v);
+            let pair = |a: Option<f64>, b: Option<f64>, digits: usize| {
+                if all {
+                    String::new()
+                } else {
+                    format!("{} / {}", fmt_opt(a, digits), fmt_opt(b, digits))
+                }
+            };
+            let _ = writeln!(
+                s,
+                " **{}** | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | **{:.2}** |",
+                fmt_opt(met, 1),
+                if all {
+                    String::new()
+                } else {
+                    fmt_opt(t.stream_tpot_met_pct, 1)
+                },
+                pair(t.ttft_p50_ms, t.ttft_p95_ms, 0),
+                pair(t.tpot_p50_ms, t.tpot_p95_ms, 2),
+                if all { String::new() } else { fmt_ms(t.p95_ms) },
+                t.completed,
+                t.degraded,
+                t.queued,
+                t.fallback,
+                t.rejected,
+                t.errors,
+                t.goodput_rps,
+            );
+        }
+    }
+    s
+}
+
 /// Per tenant and mode: what each tenant of a shared tier got.
 pub fn tenant_table(summaries: &[RunSummary]) -> String {
     let mut out = String::from(
@@ -612,6 +728,7 @@ pub fn tenant_table(summaries: &[RunSummary]) -> String {
     out
 }
 
+/// Run-level figures: overhead, transitions, flapping, recovery.
 pub fn run_table(summaries: &[RunSummary]) -> String {
     let mut s = String::new();
     s.push_str("| mode | overhead p50 / p99 (Sluice histogram) | state transitions | flaps (reversed within cooldown) | reversals within 10 s | recovery: last SLA miss after marker | recovery: tiers back to Normal | max client send lag |\n");
@@ -668,6 +785,7 @@ mod tests {
             status,
             latency_ms,
             ttft_ms: None,
+            tpot_ms: None,
             stream: false,
             answer_tokens: 100,
             completion_tokens: if status == 200 { 100 } else { 0 },
@@ -722,7 +840,7 @@ mod tests {
         ];
         rs[0].completion_tokens = 40;
         rs.push(rec(Tier::Standard, 50, 200, 10.0));
-        let s = tier_summary(&rs, g, 2000, 10.0);
+        let s = tier_summary(&rs, g, &Slo::e2e(2000), 10.0);
         assert_eq!((s.requests, s.completed, s.within_sla), (5, 3, 2));
         assert_eq!((s.rejected, s.errors), (1, 1));
         assert!((s.viol_served_pct.unwrap() - 100.0 / 3.0).abs() < 1e-9);
@@ -787,7 +905,7 @@ mod tests {
             overhead: None,
             cooldown_ms: 2000,
             recovery_marker_ms: Some(1000),
-            sla_ms: [2000, 1000, 500],
+            slo: [2000, 1000, 500].map(Slo::e2e),
             sluice_rss_kib: None,
             notes: vec![],
         }

@@ -6,6 +6,7 @@
 //! in-process model and the live HTTP run replay the very same requests.
 
 use serde::{Deserialize, Serialize};
+use sluice_policy::slo::Slo;
 use sluice_policy::Tier;
 
 /// The built-in scenarios, embedded so the binary runs from any directory.
@@ -70,7 +71,12 @@ pub struct Scenario {
     /// When the overload is over; recovery time is measured from here.
     #[serde(default)]
     pub recovery_marker_s: Option<f64>,
+    /// Each tier's end-to-end target (`sla_target_ms`): the objective unless `slo_ms` is set.
     pub sla_ms: SlaTargets,
+    /// Each tier's TTFT and TPOT targets (`slo: {ttft_ms, tpot_ms}`); set, they are the
+    /// objective and `sla_ms` is not judged. `--slo-x` sets them from the unloaded values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_ms: Option<SloTargets>,
     pub backends: Backends,
     /// Deep-merged into the generated Sluice config of phase 2 (phase 1 keeps only what does not
     /// contradict "pressure signal only"). These are the benchmark's tuned knobs, reported.
@@ -85,6 +91,22 @@ pub struct Scenario {
     /// answer runs to its `max_tokens` (the `slowdown` engine model's workload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_share: Option<[f64; 2]>,
+    /// How this run was derived from the scenario file (engine model, GPU-like timings, target
+    /// scaling), for the reports and the target checks.
+    #[serde(skip)]
+    pub variant: Variant,
+}
+
+/// What the command line did to a scenario.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Variant {
+    pub reserve: bool,
+    /// GPU-like timings: the decode step every backend was scaled to (ms).
+    pub gpu_itl_ms: Option<f64>,
+    /// `--sla-x`: end-to-end targets at this multiple of the unloaded latency.
+    pub sla_x: Option<f64>,
+    /// `--slo-x`: TTFT and TPOT targets at this multiple of their unloaded values.
+    pub slo_x: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -147,6 +169,35 @@ impl SlaTargets {
     }
 }
 
+/// One tier's targets in the units users set them.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TierSlo {
+    pub ttft_ms: u64,
+    pub tpot_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SloTargets {
+    #[serde(rename = "Guaranteed")]
+    pub guaranteed: TierSlo,
+    #[serde(rename = "Standard")]
+    pub standard: TierSlo,
+    #[serde(rename = "Best-Effort")]
+    pub best_effort: TierSlo,
+}
+
+impl SloTargets {
+    pub fn get(&self, tier: Tier) -> TierSlo {
+        match tier {
+            Tier::Guaranteed => self.guaranteed,
+            Tier::Standard => self.standard,
+            Tier::BestEffort => self.best_effort,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Backends {
@@ -194,10 +245,28 @@ impl SimParams {
     /// the first), with the slowdown its own KV share causes: what it takes with nobody else
     /// there.
     pub fn unloaded_ms(&self, prompt: u64, answer: u64) -> f64 {
+        // Kept in this form (not ttft + tokens × tpot) so that `--sla-x` targets stay the
+        // figures they have always been, to the last rounding.
         let usage = (prompt + answer) as f64 / self.kv_tokens.max(1) as f64;
         let factor = 1.0 + self.load_slowdown * usage.min(1.0);
         let prefill = self.ttft_ms as f64 + prompt as f64 * self.prefill_us_per_token as f64 / 1e3;
         (prefill + answer.saturating_sub(1) as f64 * self.itl_ms) * factor
+    }
+
+    /// A lone request's time to first token: its prefill, slowed by its own KV share.
+    pub fn unloaded_ttft_ms(&self, prompt: u64, answer: u64) -> f64 {
+        let prefill = self.ttft_ms as f64 + prompt as f64 * self.prefill_us_per_token as f64 / 1e3;
+        prefill * self.lone_factor(prompt, answer)
+    }
+
+    /// A lone request's time per output token after the first.
+    pub fn unloaded_tpot_ms(&self, prompt: u64, answer: u64) -> f64 {
+        self.itl_ms * self.lone_factor(prompt, answer)
+    }
+
+    fn lone_factor(&self, prompt: u64, answer: u64) -> f64 {
+        let usage = (prompt + answer) as f64 / self.kv_tokens.max(1) as f64;
+        1.0 + self.load_slowdown * usage.min(1.0)
     }
 
     pub fn flags(&self) -> Vec<String> {
@@ -451,6 +520,7 @@ impl Scenario {
             b.kv_reserve = KvReserve::MaxTokens;
         }
         self.output_share = Some(RESERVE_OUTPUT_SHARE);
+        self.variant.reserve = true;
         self.name = format!("{}+reserve", self.name);
         self.description = format!("{} [engine: reserve]", self.description);
         self
@@ -485,6 +555,8 @@ impl Scenario {
             standard: targets[1],
             best_effort: targets[2],
         };
+        self.slo_ms = None;
+        self.variant.sla_x = Some(x);
         self.name = format!("{}+sla{x}", self.name);
         self.description = format!(
             "{} [SLA targets {x}× unloaded p90: {} / {} / {} ms]",
@@ -492,6 +564,179 @@ impl Scenario {
         );
         Ok(self)
     }
+}
+
+impl Scenario {
+    /// The backend a tier's requests run on (spot for Best-Effort unless the backend is shared).
+    fn backend_of(&self, tier: Tier) -> &SimParams {
+        if tier == Tier::BestEffort && !self.backends.shared {
+            &self.backends.spot
+        } else {
+            &self.backends.on_demand
+        }
+    }
+
+    /// Each tier's unloaded TTFT and TPOT on its pool (ms): the 90th percentile over its
+    /// requests, each alone on the backend (TPOT over the answers of two tokens or more), as
+    /// `--sla-x` takes the unloaded end-to-end latency.
+    pub fn unloaded_slo_ms(&self) -> [(f64, f64); 3] {
+        let arrivals = self.arrivals();
+        Tier::ALL.map(|tier| {
+            let b = self.backend_of(tier);
+            let mine = || arrivals.iter().filter(move |a| a.tier == tier);
+            let p90 = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                crate::stats::percentile(&v, 90.0).unwrap_or(0.0)
+            };
+            let ttft = mine()
+                .map(|a| b.unloaded_ttft_ms(a.prompt_tokens, a.answer_tokens(a.max_tokens)))
+                .collect();
+            let tpot = mine()
+                .filter(|a| a.answer_tokens(a.max_tokens) >= 2)
+                .map(|a| b.unloaded_tpot_ms(a.prompt_tokens, a.answer_tokens(a.max_tokens)))
+                .collect();
+            (p90(ttft), p90(tpot))
+        })
+    }
+
+    /// Each tier's TTFT and TPOT targets set to `x` times its unloaded values
+    /// ([`Scenario::unloaded_slo_ms`]), rounded up to the whole millisecond a config can say
+    /// (so at a 1 ms decode step a TPOT target is coarse: the description gives each
+    /// target's real multiple). The objective is then TTFT and TPOT only, as the shipped config
+    /// sets it; the end-to-end targets are not judged.
+    pub fn with_slo_x(mut self, x: f64) -> Result<Scenario, String> {
+        if !x.is_finite() || x <= 0.0 {
+            return Err(format!("--slo-x must be positive, got {x}"));
+        }
+        let unloaded = self.unloaded_slo_ms();
+        let target = |v: f64| ((v * x).ceil() as u64).max(1);
+        let t = unloaded.map(|(ttft, tpot)| TierSlo {
+            ttft_ms: target(ttft),
+            tpot_ms: target(tpot),
+        });
+        self.slo_ms = Some(SloTargets {
+            guaranteed: t[0],
+            standard: t[1],
+            best_effort: t[2],
+        });
+        self.variant.slo_x = Some(x);
+        self.variant.sla_x = None;
+        let shown: Vec<String> = Tier::ALL
+            .iter()
+            .map(|tier| {
+                let (u, v) = (unloaded[tier.index()], t[tier.index()]);
+                format!(
+                    "{} {}/{} ms ({:.2}×/{:.2}× of {:.1}/{:.2})",
+                    tier.as_str(),
+                    v.ttft_ms,
+                    v.tpot_ms,
+                    v.ttft_ms as f64 / u.0.max(1e-9),
+                    v.tpot_ms as f64 / u.1.max(1e-9),
+                    u.0,
+                    u.1
+                )
+            })
+            .collect();
+        self.name = format!("{}+slo{x}", self.name);
+        self.description = format!(
+            "{} [TTFT/TPOT targets {x}× unloaded p90: {}]",
+            self.description,
+            shown.join("; ")
+        );
+        Ok(self)
+    }
+
+    /// Tier `tier`'s objective in this run: TTFT and TPOT when `slo_ms` is set, else the
+    /// end-to-end target alone (the prototype's `sla_target_ms`).
+    pub fn objective(&self, tier: Tier) -> Slo {
+        match self.slo_ms {
+            Some(t) => {
+                let t = t.get(tier);
+                Slo {
+                    ttft_ms: Some(t.ttft_ms),
+                    tpot_ms: Some(t.tpot_ms),
+                    e2e_ms: None,
+                }
+            }
+            None => Slo::e2e(self.sla_ms.get(tier)),
+        }
+    }
+
+    pub fn objectives(&self) -> [Slo; 3] {
+        Tier::ALL.map(|t| self.objective(t))
+    }
+
+    /// This scenario on GPU-like backends: every engine time (decode step, fixed prefill, prefill
+    /// per token) multiplied by `k = itl_ms / on-demand's decode step`, so a decode step takes
+    /// `itl_ms`, and the load kept where it was relative to capacity, which a step `k` times
+    /// longer divides by `k` in requests a second. `GpuLoad::Stretch` stretches the whole
+    /// timeline by `k` (window, rate profile, bursts, events, recovery marker) with the same
+    /// requests: the workload slowed down as a whole, so every queue lasts `k` times as long,
+    /// as the requests and their targets do. `GpuLoad::Rate` divides the arrivals (and
+    /// bursts) by `k` over the same window: a queue built by an overload of a given depth and
+    /// length then waits as many seconds as at the scenario's own pace (backlog over service
+    /// rate: `(ρ − 1) × its length`), a `k`-th of it in request times, so it is a milder
+    /// overload against targets `k` times longer.
+    pub fn on_gpu(mut self, itl_ms: f64, load: GpuLoad) -> Result<Scenario, String> {
+        let own = self.backends.on_demand.itl_ms;
+        if !itl_ms.is_finite() || itl_ms <= 0.0 || own <= 0.0 {
+            return Err(format!("--gpu-itl-ms must be positive, got {itl_ms}"));
+        }
+        let k = itl_ms / own;
+        for b in [&mut self.backends.on_demand, &mut self.backends.spot] {
+            b.itl_ms = (b.itl_ms * k * 100.0).round() / 100.0;
+            b.ttft_ms = (b.ttft_ms as f64 * k).round() as u64;
+            b.prefill_us_per_token = (b.prefill_us_per_token as f64 * k).round() as u64;
+        }
+        match load {
+            GpuLoad::Stretch => {
+                let t = |s: f64| (s * k * 1000.0).round() / 1000.0;
+                self.duration_s = t(self.duration_s);
+                for p in self.rate.iter_mut().chain(self.forced_pressure.iter_mut()) {
+                    p[0] = t(p[0]);
+                }
+                for e in &mut self.events {
+                    e.at_s = t(e.at_s);
+                }
+                for b in &mut self.bursts {
+                    b.at_s = t(b.at_s);
+                    b.duration_s = t(b.duration_s);
+                }
+                self.recovery_marker_s = self.recovery_marker_s.map(t);
+            }
+            GpuLoad::Rate => {
+                let tenants = self.tenants.iter().filter(|m| m.weight > 0.0).count();
+                self.requests = scale_count(self.requests, 1.0 / k, tenants);
+                for b in &mut self.bursts {
+                    b.requests = scale_count(b.requests, 1.0 / k, 1);
+                }
+            }
+        }
+        self.variant.gpu_itl_ms = Some(itl_ms);
+        let how = match load {
+            GpuLoad::Stretch => format!(
+                "timeline ×{k:.3} ({} s), the same requests",
+                self.duration_s
+            ),
+            GpuLoad::Rate => format!("arrivals ÷{k:.3} over the same window"),
+        };
+        self.name = format!("{}+gpu{itl_ms}", self.name);
+        self.description = format!(
+            "{} [GPU-like: {itl_ms} ms a decode step, engine times ×{k:.3}, {how}]",
+            self.description
+        );
+        Ok(self)
+    }
+}
+
+/// How GPU-like timings keep a scenario's load relative to capacity (`--gpu-load`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GpuLoad {
+    /// The same requests over a timeline stretched by the slowdown factor: the overload
+    /// reproduced, queues as long as the requests in request times.
+    Stretch,
+    /// Arrivals ÷ the slowdown factor over the same window: a milder overload.
+    Rate,
 }
 
 /// Floors on a time-scaled scenario's counts, so that a run of a few seconds still fills every
@@ -804,6 +1049,76 @@ mod tests {
                 assert!(a.iter().any(|r| r.tier == t), "{name}: no {}", t.as_str());
             }
         }
+    }
+
+    #[test]
+    fn slo_targets_are_multiples_of_the_unloaded_ttft_and_tpot() {
+        let s = Scenario::built_in("seed").unwrap();
+        let unloaded = s.unloaded_slo_ms();
+        let x = s.clone().with_slo_x(1.6).unwrap();
+        assert!(x.name.ends_with("+slo1.6") && x.variant.slo_x == Some(1.6));
+        for t in Tier::ALL {
+            let (ttft, tpot) = unloaded[t.index()];
+            let o = x.objective(t);
+            // Rounded up to the whole millisecond a config can say.
+            let (a, b) = (o.ttft_ms.unwrap() as f64, o.tpot_ms.unwrap() as f64);
+            assert!(a >= 1.6 * ttft && a < 1.6 * ttft + 1.0, "{t:?} {a} {ttft}");
+            assert!(b >= 1.6 * tpot && b < 1.6 * tpot + 1.0, "{t:?} {b} {tpot}");
+            assert_eq!(o.e2e_ms, None);
+            assert_eq!(s.objective(t), Slo::e2e(s.sla_ms.get(t)));
+        }
+        // A lone request on seed's backends: 20 ms + 50 µs a prompt token, 1 ms a token, both
+        // slowed by its own share of the cache.
+        let (ttft, tpot) = unloaded[0];
+        assert!(
+            (30.0..60.0).contains(&ttft) && (1.0..1.3).contains(&tpot),
+            "{ttft} {tpot}"
+        );
+        // End-to-end targets take the objective back.
+        let back = x.with_sla_x(2.0).unwrap();
+        assert!(back.slo_ms.is_none() && back.objective(Tier::Guaranteed).e2e_ms.is_some());
+    }
+
+    #[test]
+    fn gpu_timings_slow_the_engines_and_keep_the_load() {
+        let s = Scenario::built_in("seed").unwrap();
+        let g = s.clone().on_gpu(20.0, GpuLoad::Stretch).unwrap();
+        let (a, b) = (&s.backends.on_demand, &g.backends.on_demand);
+        assert_eq!(
+            (b.itl_ms, b.ttft_ms, b.prefill_us_per_token),
+            (20.0, 400, 1000)
+        );
+        assert_eq!((b.kv_tokens, b.max_running), (a.kv_tokens, a.max_running));
+        // The same requests on a timeline twenty times as long.
+        assert_eq!(g.duration_s, 1200.0);
+        assert_eq!(g.recovery_marker_s, Some(800.0));
+        let (sa, ga) = (s.arrivals(), g.arrivals());
+        assert_eq!(sa.len(), ga.len());
+        for (x, y) in sa.iter().zip(&ga) {
+            assert_eq!(
+                (x.tenant.as_str(), x.max_tokens),
+                (y.tenant.as_str(), y.max_tokens)
+            );
+            assert!(
+                y.at_ms.abs_diff(x.at_ms * 20) <= 300,
+                "{} {}",
+                x.at_ms,
+                y.at_ms
+            );
+        }
+        // Unloaded values scale with the engine, so targets at a multiple of them do too.
+        let (u, v) = (s.unloaded_slo_ms()[0], g.unloaded_slo_ms()[0]);
+        assert!((v.0 / u.0 - 20.0).abs() < 0.5 && (v.1 / u.1 - 20.0).abs() < 0.01);
+        // Fewer arrivals over the same window instead.
+        let r = s.clone().on_gpu(20.0, GpuLoad::Rate).unwrap();
+        assert_eq!((r.duration_s, r.requests), (60.0, 30));
+        // The reserve engine already steps 10 ms: twice as slow.
+        let rr = s
+            .on_engine(EngineModel::Reserve)
+            .on_gpu(20.0, GpuLoad::Stretch)
+            .unwrap();
+        assert_eq!((rr.backends.on_demand.itl_ms, rr.duration_s), (20.0, 120.0));
+        assert!(rr.name.ends_with("+reserve+gpu20"));
     }
 
     #[test]

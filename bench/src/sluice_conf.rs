@@ -97,10 +97,7 @@ pub fn for_mode(
         .collect();
     let mut tiers = serde_json::Map::new();
     for t in Tier::ALL {
-        tiers.insert(
-            tier_key(t).into(),
-            json!({"sla_target_ms": s.sla_ms.get(t)}),
-        );
+        tiers.insert(tier_key(t).into(), objective(s, t));
     }
     let mut cfg = json!({
         "listen": [addrs.sluice],
@@ -162,6 +159,18 @@ pub fn for_mode(
     Some(cfg)
 }
 
+/// A tier's objective as config keys: `slo: {ttft_ms, tpot_ms}` when the scenario sets TTFT
+/// and TPOT targets, else `sla_target_ms` (the prototype's end-to-end target).
+fn objective(s: &Scenario, t: Tier) -> Value {
+    match s.slo_ms {
+        Some(slo) => {
+            let o = slo.get(t);
+            json!({"slo": {"ttft_ms": o.ttft_ms, "tpot_ms": o.tpot_ms}})
+        }
+        None => json!({"sla_target_ms": s.sla_ms.get(t)}),
+    }
+}
+
 /// Pingora's settings for a benchmark process: its own pid and upgrade files, no grace.
 fn server_block(dir: &Path) -> Value {
     json!({
@@ -201,8 +210,14 @@ fn shipped(s: &Scenario, addrs: &Addrs, dir: &Path, sla: SlaSignal) -> Value {
             "spot": {"backends": [addrs.spot]},
         },
     });
+    // The scenario's objective replaces the shipped one whole: an end-to-end run sets only
+    // `sla_target_ms` (the prototype's config, today's figures), a TTFT/TPOT run only `slo`.
     for t in Tier::ALL {
-        patch["tiers"][tier_key(t)] = json!({"sla_target_ms": s.sla_ms.get(t)});
+        if let Some(tier) = cfg["tiers"][tier_key(t)].as_object_mut() {
+            tier.remove("slo");
+            tier.remove("sla_target_ms");
+        }
+        patch["tiers"][tier_key(t)] = objective(s, t);
     }
     merge(&mut cfg, &patch);
     if let Some(f) = cfg["fallbacks"].get_mut(0) {
@@ -341,6 +356,38 @@ mod tests {
             c2.policy_rules().tier(Tier::Guaranteed).slo.e2e_ms,
             Some(s.sla_ms.guaranteed)
         );
+        // The shipped config's own TTFT/TPOT targets give way to the scenario's objective.
+        let dir_ = &dir;
+        let adaptive = |s: &Scenario| {
+            let cfg = for_mode(
+                s,
+                Mode::Adaptive,
+                &Addrs::placeholder(),
+                dir_,
+                SlaSignal::Off,
+            )
+            .unwrap();
+            parse(&cfg, dir_).unwrap().policy_rules()
+        };
+        let e2e = adaptive(&s).tier(Tier::Standard).slo;
+        assert_eq!(e2e, sluice_policy::slo::Slo::e2e(s.sla_ms.standard));
+        let slo = s.clone().with_slo_x(2.0).unwrap();
+        let want = slo.slo_ms.unwrap().get(Tier::Standard);
+        let got = adaptive(&slo).tier(Tier::Standard).slo;
+        assert_eq!(
+            (got.ttft_ms, got.tpot_ms, got.e2e_ms),
+            (Some(want.ttft_ms), Some(want.tpot_ms), None)
+        );
+        assert_eq!(slo.objective(Tier::Standard), got);
+        let p2 = for_mode(
+            &slo,
+            Mode::Phase2,
+            &Addrs::placeholder(),
+            &dir,
+            SlaSignal::Off,
+        );
+        let p2 = parse(&p2.unwrap(), &dir).unwrap().policy_rules();
+        assert_eq!(p2.tier(Tier::Standard).slo, got);
         assert!(for_mode(
             &s,
             Mode::Direct,

@@ -266,8 +266,12 @@ fn panel(s: &mut String, run: &Run, y0: f64, end_ms: f64, x: &dyn Fn(f64) -> f64
         };
         grid_line(s, LEFT, W - RIGHT, ly(v), &label);
     }
+    // (An objective in TTFT / TPOT has no end-to-end line to draw.)
     for t in Tier::ALL {
-        let y = ly(run.sla_ms[t.index()] as f64);
+        let Some(e2e) = run.slo[t.index()].e2e_ms else {
+            continue;
+        };
+        let y = ly(e2e as f64);
         let _ = writeln!(
             s,
             r#"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="{}" stroke-dasharray="6,3" stroke-width="0.8"/>"#,

@@ -133,6 +133,69 @@ fn live_tiny_scenario_reports_every_tier_with_sane_numbers() {
     }
 }
 
+/// Objectives in TTFT and TPOT (`--slo-x`): the config carries `slo` targets, the live run
+/// measures each stream's first token and pace, and every tier's row judges each dimension.
+#[test]
+fn live_tiny_with_ttft_and_tpot_objectives() {
+    let _turn = serial();
+    let out = OutDir::new("tiny-slo");
+    bench_run(
+        "tiny",
+        &["--modes", "direct,adaptive", "--slo-x", "4"],
+        &out.0,
+    );
+    let (report, _) = read_report(&out.0, "tiny+slo4");
+    let slo = &report["scenario"]["slo_ms"];
+    for tier in ["Guaranteed", "Standard", "Best-Effort"] {
+        let t = |k: &str| {
+            slo[tier][k]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{tier} {k}: {slo}"))
+        };
+        assert!(t("ttft_ms") > 0 && t("tpot_ms") > 0, "{slo}");
+    }
+    let runs = report["runs"].as_array().unwrap();
+    let keys: Vec<String> = runs.iter().map(run_key).collect();
+    assert_eq!(
+        keys,
+        [
+            "model/direct",
+            "model/adaptive",
+            "live/direct",
+            "live/adaptive"
+        ]
+    );
+    for r in runs {
+        let name = run_key(r);
+        assert_eq!(r["per_dimension"], true, "{name}");
+        check_run(&name, r);
+        let mut paced = 0;
+        for t in r["tiers"].as_array().unwrap() {
+            let attain = t["attain_dim_pct"].as_array().unwrap();
+            for (i, a) in attain.iter().enumerate() {
+                // TTFT and TPOT are judged, the end-to-end latency is not.
+                match (i, a.as_f64()) {
+                    (0 | 1, Some(v)) => assert!((0.0..=100.0).contains(&v), "{name}: {t}"),
+                    (2, None) => {}
+                    _ => panic!("{name}: dimension {i}: {t}"),
+                }
+            }
+            assert_eq!(
+                t["rejected"], 0,
+                "{name}: light traffic is refused nothing: {t}"
+            );
+            if let (Some(ttft), Some(tpot)) = (t["ttft_p50_ms"].as_f64(), t["tpot_p50_ms"].as_f64())
+            {
+                // Tiny's engines: a 5 ms first token plus prefill, 1 ms a token.
+                assert!(ttft > 0.0 && ttft < 1000.0, "{name}: {t}");
+                assert!(tpot > 0.2 && tpot < 100.0, "{name}: {t}");
+                paced += 1;
+            }
+        }
+        assert!(paced > 0, "{name}: no streamed tier reported TTFT and TPOT");
+    }
+}
+
 /// Every mode; the harness skips those a scenario does not run in (`baseline` without
 /// `baseline: true`, anything outside its `modes:`). All six scenarios in all modes took about
 /// 65 s on a 2-core machine (debug build), so nothing is left out.

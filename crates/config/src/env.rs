@@ -112,11 +112,7 @@ pub const OVERRIDES: &[(&str, &str, Setter)] = &[
         Ok(())
     }),
     ("SLUICE_REQUIRE_API_KEY", "auth.require_api_key", |c, v| {
-        c.auth.require_api_key = match v.to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" => true,
-            "0" | "false" | "no" => false,
-            _ => return Err(format!("expected true or false, got {v:?}")),
-        };
+        c.auth.require_api_key = flag(v)?;
         Ok(())
     }),
     ("SLUICE_OPS_LISTEN", "ops_listen", |c, v| {
@@ -173,7 +169,41 @@ pub const OVERRIDES: &[(&str, &str, Setter)] = &[
             .ok_or_else(|| format!("expected scrape, prometheus or both, got {v:?}"))?;
         Ok(())
     }),
+    (
+        "SLUICE_TRACING_ENABLED",
+        "telemetry.tracing.enabled",
+        |c, v| {
+            c.telemetry.tracing.enabled = flag(v)?;
+            Ok(())
+        },
+    ),
 ];
+
+/// The OTLP exporter's endpoint variables: either names a collector.
+const COLLECTOR_VARIABLES: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+];
+
+/// The process environment, in which a collector named by `OTEL_EXPORTER_OTLP_ENDPOINT` or
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` also turns tracing on (`SLUICE_TRACING_ENABLED=true`
+/// unless that is set): what `sluice demo` reads, whose embedded config leaves tracing off and
+/// has no file to turn it on in. `OTEL_SDK_DISABLED=true` still turns it off.
+pub fn process_env_tracing_to_named_collector(name: &str) -> Option<String> {
+    let named = || COLLECTOR_VARIABLES.iter().any(|v| process_env(v).is_some());
+    match process_env(name) {
+        None if name == "SLUICE_TRACING_ENABLED" && named() => Some("true".into()),
+        v => v,
+    }
+}
+
+fn flag(v: &str) -> Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" => Ok(true),
+        "0" | "false" | "no" => Ok(false),
+        _ => Err(format!("expected true or false, got {v:?}")),
+    }
+}
 
 fn num<T: std::str::FromStr>(v: &str) -> Result<T, String> {
     v.trim()
@@ -181,12 +211,25 @@ fn num<T: std::str::FromStr>(v: &str) -> Result<T, String> {
         .map_err(|_| format!("{v:?} is not a valid {}", std::any::type_name::<T>()))
 }
 
+/// The `SLUICE_*` overrides, then OpenTelemetry's `OTEL_*` variables over `telemetry.tracing`
+/// (so `OTEL_SDK_DISABLED=true` wins over `SLUICE_TRACING_ENABLED`). A variable OpenTelemetry
+/// says to ignore when unreadable (a sampler name, a number) is logged as a warning.
 pub fn apply(cfg: &mut Config, env: &EnvFn) -> Result<(), ConfigError> {
     for (var, key, set) in OVERRIDES {
         if let Some(value) = env(var) {
             set(cfg, &value)
                 .map_err(|reason| ConfigError::new(format!("environment {var}"), *key, reason))?;
         }
+    }
+    let warnings = cfg.telemetry.tracing.apply_env(env).map_err(|e| {
+        let var = e.variable.unwrap_or("OTEL_*");
+        ConfigError::new(format!("environment {var}"), e.key, e.reason)
+    })?;
+    for w in warnings {
+        log::warn!(
+            "{}",
+            serde_json::json!({"event": "config_warning", "key": "telemetry.tracing", "warning": w})
+        );
     }
     Ok(())
 }

@@ -54,6 +54,8 @@ pub struct Config {
     pub coordination: CoordinationConfig,
     /// Prometheus signal source (`SLUICE_PROMETHEUS_URL`).
     pub prometheus_url: Option<String>,
+    /// What Sluice exports beyond `/metrics`: distributed traces (`telemetry.tracing`).
+    pub telemetry: TelemetryConfig,
     /// Where the config came from (for messages); not a key.
     #[serde(skip)]
     pub source: String,
@@ -89,6 +91,7 @@ impl Default for Config {
             redis_url: None,
             coordination: CoordinationConfig::default(),
             prometheus_url: None,
+            telemetry: TelemetryConfig::default(),
             source: String::new(),
             tenants_source: String::new(),
         }
@@ -745,6 +748,18 @@ impl Default for MetricsConfig {
             max_tenants: 100,
         }
     }
+}
+
+/// `telemetry:`. The signal sources and `/metrics` have their own sections (`signals`,
+/// `prometheus_url`, `metrics`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Distributed tracing: a SERVER span per request and a CLIENT span per upstream attempt,
+    /// exported as OTLP over HTTP. Off by default; the `OTEL_*` variables override the file
+    /// (`sluice_trace::config`), `SLUICE_TRACING_ENABLED` turns it on. Fixed for the process: a
+    /// reload does not change it.
+    pub tracing: sluice_trace::TracingConfig,
 }
 
 /// The Redis admission coordinator's knobs (`coordination:`).

@@ -453,8 +453,9 @@ fn coordination(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `prometheus_url` and the Prometheus keys under `signals:`. Checked whatever the source, so a
-/// typo surfaces before someone switches `signals.source` in production.
+/// `prometheus_url`, the Prometheus keys under `signals:` and `telemetry.tracing`. Checked
+/// whatever the source and whether tracing is on, so a typo surfaces before someone switches
+/// `signals.source` or tracing on in production.
 fn telemetry(c: &Config) -> Result<(), ConfigError> {
     let file = c.source.as_str();
     let err = |key: &str, reason: String| Err(ConfigError::new(file, key, reason));
@@ -515,7 +516,13 @@ fn telemetry(c: &Config) -> Result<(), ConfigError> {
             );
         }
     }
-    Ok(())
+    // Checked enabled or not, like the Prometheus keys.
+    c.telemetry.tracing.validate().map_err(|e| {
+        let source = e
+            .variable
+            .map_or_else(|| file.to_string(), |v| format!("environment {v}"));
+        ConfigError::new(source, e.key, e.reason)
+    })
 }
 
 /// `http://host[:port][/path-prefix]`. Plain HTTP only: Prometheus is queried inside the cluster.

@@ -29,6 +29,9 @@ pub struct OpsState {
     /// The ledger's sinks, for their health in `/status`.
     pub sinks: Arc<[Arc<dyn DecisionSink>]>,
     pub lifecycle: Arc<Lifecycle>,
+    /// The request path's tracer: its settings and export counters, for `/status` and
+    /// `/metrics`.
+    pub tracer: sluice_trace::Tracer,
     pub replica: &'static str,
     pub started: Instant,
 }

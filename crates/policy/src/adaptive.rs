@@ -842,7 +842,7 @@ impl PoolController {
         // returns in front of Guaranteed (seen live on one shared backend). So calm needs the
         // queue empty at two samples in a row.
         let settled = drained.is_some_and(|t| t < now);
-        let calm = no_queue && settled && !full && !pace_short && !(prefill_short && !low_kv);
+        let calm = no_queue && settled && !full && !pace_short && (low_kv || !prefill_short);
         let mut moved = Movement::Hold;
         if let Some(kind) = rail {
             let floor = rail_level(&steps);

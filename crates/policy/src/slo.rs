@@ -358,7 +358,11 @@ mod tests {
         ));
         // No queue: nothing is refused, whatever the prefill.
         assert_eq!(ttft_estimate(Some(0.0), Some(900.0)), None);
-        assert!(!unattainable(Tier::Standard, Some(1), ttft_estimate(Some(0.0), Some(900.0))));
+        assert!(!unattainable(
+            Tier::Standard,
+            Some(1),
+            ttft_estimate(Some(0.0), Some(900.0))
+        ));
     }
 
     #[test]

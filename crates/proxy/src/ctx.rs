@@ -99,4 +99,13 @@ pub struct Ctx {
     pub work: Option<sluice_runtime::signals::hub::WorkCharge>,
     /// The tenant's budget check, when it has a budget: tier served as, rate-limit headers.
     pub quota: Option<sluice_runtime::quota::Ticket>,
+    /// The request's spans, when tracing is on (the `spans` module starts and ends them).
+    pub spans: Option<RequestSpans>,
+}
+
+/// A request's spans: its SERVER span, and the CLIENT span of the upstream attempt in progress.
+#[derive(Debug)]
+pub struct RequestSpans {
+    pub server: sluice_trace::SpanBuilder,
+    pub client: Option<sluice_trace::SpanBuilder>,
 }

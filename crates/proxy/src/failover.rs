@@ -178,6 +178,7 @@ pub fn upstream_response(
         &detail,
     ) {
         ctx.retry_granted = true;
+        crate::spans::attempt_failed(app, ctx, Some(status), &status, &detail);
         let mut e = Error::explain(
             ErrorType::Custom("upstream_status"),
             format!("the backend answered {status}; sent to another replica"),
@@ -211,6 +212,9 @@ pub fn error_while_proxy(
                 | ErrorType::Custom(_)
         );
     let retry = upstream_failure && on_failure(app, session, ctx, FailureCause::Reset, true, &e);
+    if retry {
+        crate::spans::attempt_failed(app, ctx, None, &e.etype().as_str(), &e);
+    }
     e.set_retry(retry);
     e
 }
@@ -223,6 +227,9 @@ pub fn fail_to_connect(
     mut e: Box<Error>,
 ) -> Box<Error> {
     let retry = on_failure(app, session, ctx, FailureCause::Connect, true, &e);
+    if retry {
+        crate::spans::attempt_failed(app, ctx, None, &e.etype().as_str(), &e);
+    }
     e.set_retry(retry);
     e
 }

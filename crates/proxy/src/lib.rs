@@ -5,7 +5,9 @@
 //!   that failed before its first byte is sent to another replica, within its retries and the
 //!   pool's budget; every failure counts toward its replica's ejection;
 //! - `request_body_filter` ([`body`]): swaps in the rewritten JSON body (or Sluice's copy);
-//! - response filters and `logging` ([`outcome`]): headers, usage, the decision record, metrics.
+//! - response filters and `logging` ([`outcome`]): headers, usage, the decision record, metrics;
+//! - distributed tracing through all of them ([`spans`]): the request's SERVER span, a CLIENT
+//!   span per upstream attempt and the `traceparent` sent to vLLM, when tracing is on.
 //!
 //! In front of all of them, [`conn_guard`] owns each client connection: connection limit,
 //! header limits and timeouts, framing checks ([`head_check`]) before Pingora parses a byte.
@@ -19,6 +21,7 @@ pub mod head_check;
 pub mod outcome;
 pub mod respond;
 pub mod shaping;
+pub mod spans;
 pub mod upstream;
 
 use arc_swap::ArcSwap;
@@ -62,6 +65,8 @@ pub struct ProxyState {
     pub replica: &'static str,
     /// Generated request ids start with this ([`admit::id_prefix`]).
     pub id_prefix: String,
+    /// Starts and ends the requests' spans ([`spans`]); `Tracer::disabled()` when tracing is off.
+    pub tracer: sluice_trace::Tracer,
 }
 
 pub struct Sluice {
@@ -140,7 +145,8 @@ impl ProxyHttp for Sluice {
         req: &mut RequestHeader,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
-        body::upstream_request_filter(req, ctx)
+        body::upstream_request_filter(req, ctx)?;
+        spans::inject(req, ctx)
     }
 
     async fn request_body_filter(

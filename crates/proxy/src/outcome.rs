@@ -300,7 +300,7 @@ pub fn logging(app: &ProxyState, session: &mut Session, e: Option<&Error>, ctx: 
     // The signals of the sample the decision read, not of the one in force now.
     let signals = ctx.inputs.map(|i| i.pools[0].signals()).unwrap_or_default();
     let req = session.req_header();
-    let record = DecisionRecord {
+    let mut record = DecisionRecord {
         request_id: std::mem::take(&mut ctx.request_id),
         received_at_ms: ctx.received_at_ms,
         replica: app.replica.into(),
@@ -367,6 +367,7 @@ pub fn logging(app: &ProxyState, session: &mut Session, e: Option<&Error>, ctx: 
         queue_outcome: queue_outcome(ctx),
         inputs: ctx.inputs,
     };
+    record.trace_id = crate::spans::finish(app, ctx, &record, e);
     feed_controller(app, ctx, &measured, proxied);
     if let Some(ticket) = &ctx.quota {
         app.quotas

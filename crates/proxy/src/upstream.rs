@@ -14,7 +14,7 @@ use std::time::Duration;
 
 pub fn upstream_peer(
     app: &ProxyState,
-    _session: &mut Session,
+    session: &mut Session,
     ctx: &mut Ctx,
 ) -> Result<Box<HttpPeer>> {
     if ctx.overhead.is_none() {
@@ -92,6 +92,7 @@ pub fn upstream_peer(
     // A retry moves the request: the previous backend's count goes back.
     ctx.lease = Some(info.load.lease());
     ctx.passive = Some(info.passive);
+    super::spans::attempt(app, session, ctx, &info.name);
     ctx.backend = Some(info.name);
     let limits = &app.config.load().limits;
     let tls = info.tls;

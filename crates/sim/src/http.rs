@@ -282,6 +282,10 @@ async fn completion_inner(
     let path = req.uri().path().to_string();
     let content_length = header_string(&req, CONTENT_LENGTH);
     let tenant = header_string(&req, X_TENANT_ID);
+    let trace_context = (
+        header_string(&req, "traceparent"),
+        header_string(&req, "tracestate"),
+    );
     let output_tokens = api::output_tokens(req.headers());
     let body = read_body(req).await;
     let parsed = body
@@ -295,6 +299,7 @@ async fn completion_inner(
     });
     let mut recent = Recent::new(&path, value, content_length, tenant);
     recent.body_bytes = body.as_ref().map_or(0, |b| b.len());
+    (recent.traceparent, recent.tracestate) = trace_context;
     sim.stats.received(recent, model.as_deref());
 
     let cut = match sim.admin.take_failure() {

@@ -366,6 +366,8 @@ mod tests {
         s
     }
 
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
     async fn call(
         client: &TestClient,
         method: &str,
@@ -379,6 +381,7 @@ mod tests {
             .header("content-type", "application/json")
             .header("x-request-id", "rid-1")
             .header("x-tenant-id", "acme")
+            .header("traceparent", TRACEPARENT)
             .body(Full::new(body))
             .unwrap();
         let resp = client.request(req).await.unwrap();
@@ -576,6 +579,9 @@ mod tests {
         assert_eq!(first["model"], "m2");
         assert_eq!(first["max_tokens"], 7);
         assert_eq!(first["tenant"], "acme");
+        assert_eq!(first["traceparent"], TRACEPARENT);
+        assert_eq!(first["tracestate"], Value::Null);
+        assert_eq!(stats["last_traceparents"][0], TRACEPARENT);
         assert!(
             first["content_length"]
                 .as_str()

@@ -1,6 +1,7 @@
 //! What the simulator has been asked to do, so proxy tests can check what actually reached the
-//! backend (which model, which token caps, which tenant, how many at once, in which order they
-//! were scheduled, how many were aborted, how much of their prompts the cache served).
+//! backend (which model, which token caps, which tenant, which trace context, how many at once,
+//! in which order they were scheduled, how many were aborted, how much of their prompts the
+//! cache served).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
@@ -24,6 +25,10 @@ pub(crate) struct Recent {
     pub tenant: Option<String>,
     /// The body's bytes as received (a body resent on failover arrives whole).
     pub body_bytes: usize,
+    /// The W3C trace context it came with, as received (vLLM's `llm_request` span would be the
+    /// child of the `traceparent`'s parent id).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 impl Recent {
@@ -43,6 +48,8 @@ impl Recent {
             content_length,
             tenant,
             body_bytes: 0,
+            traceparent: None,
+            tracestate: None,
         }
     }
 }
@@ -154,6 +161,8 @@ impl Stats {
                 "admitted_by_priority": c.admitted_by_priority,
                 "admissions": admissions,
                 "recent": c.recent,
+                // The `traceparent` of each of `recent`, oldest first (null: none was sent).
+                "last_traceparents": c.recent.iter().map(|r| r.traceparent.as_deref()).collect::<Vec<_>>(),
             })
         })
     }
@@ -210,6 +219,8 @@ mod tests {
         assert_eq!(recent[0]["max_tokens"], 10);
         assert_eq!(recent[49]["content_length"], "10");
         assert_eq!(recent[49]["max_completion_tokens"], Value::Null);
+        assert_eq!(v["last_traceparents"].as_array().unwrap().len(), 50);
+        assert_eq!(v["last_traceparents"][49], Value::Null);
         s.reset();
         let v = s.to_json(&Snapshot::default());
         assert_eq!((&v["received"], &v["aborted"]), (&json!(0), &json!(0)));

@@ -270,6 +270,15 @@ impl Exporter {
         self.batch.len()
     }
 
+    /// Drops every queued span unsent; how many (measurements that run no exporter).
+    pub fn discard_queued(&mut self) -> usize {
+        let mut n = 0;
+        while self.rx.try_recv().is_ok() {
+            n += 1;
+        }
+        n
+    }
+
     fn fill_all(&mut self) {
         while let Ok(s) = self.rx.try_recv() {
             self.batch.push(s);

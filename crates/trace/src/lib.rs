@@ -58,4 +58,4 @@ pub use span::{
     instant_unix_nanos, now_unix_nanos, unix_nanos, Event, Key, Span, SpanBuilder, SpanKind,
     Status, Str, Value,
 };
-pub use tracer::Tracer;
+pub use tracer::{Tracer, TracingStatus};

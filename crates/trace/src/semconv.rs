@@ -52,10 +52,24 @@ pub const SLUICE_QUEUE_WAIT_MS: Key = "sluice.queue_wait_ms";
 pub const SLUICE_LEVEL: Key = "sluice.level";
 pub const SLUICE_MAX_TOKENS_REQUESTED: Key = "sluice.max_tokens.requested";
 pub const SLUICE_MAX_TOKENS_APPLIED: Key = "sluice.max_tokens.applied";
-/// The model the request was sent with, when a fallback changed it.
+/// The model the request was sent to vLLM with: the one it named, or the fallback's when the
+/// decision moved it.
 pub const SLUICE_MODEL_ROUTED: Key = "sluice.model.routed";
 /// Which upstream attempt a CLIENT span is, from 1.
 pub const SLUICE_ATTEMPT: Key = "sluice.attempt";
+/// The request's id (`x-request-id`, the decision record's `request_id`).
+pub const SLUICE_REQUEST_ID: Key = "sluice.request_id";
+/// How a queue wait ended (`released`, or the refusal's reason), on [`EVENT_QUEUE_LEFT`].
+pub const SLUICE_QUEUE_OUTCOME: Key = "sluice.queue.outcome";
+
+/// `gen_ai.provider.name` of the fleet Sluice fronts (a custom value, as the conventions allow).
+pub const PROVIDER_VLLM: &str = "vllm";
+
+// Events
+/// On the SERVER span: the request left Sluice's queue (admitted, or refused after waiting).
+pub const EVENT_QUEUE_LEFT: &str = "sluice.queue.left";
+/// On the SERVER span: a streamed answer's first token went to the client.
+pub const EVENT_FIRST_TOKEN: &str = "sluice.first_token";
 
 /// Resource attribute naming the service.
 pub const SERVICE_NAME: &str = "service.name";

@@ -7,6 +7,8 @@ use crate::export::{channel, ExportSettings, ExportStats, Exporter, SpanSink};
 use crate::ids::{new_span_id, new_trace_id};
 use crate::sampler::Sampler;
 use crate::span::{SpanBuilder, SpanKind, Str};
+use serde::Serialize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// Attribute room reserved for a SERVER span (Sluice sets about 20).
@@ -20,6 +22,32 @@ pub struct Tracer {
     sampler: Sampler,
     sink: Option<SpanSink>,
     stats: Arc<ExportStats>,
+    /// Where spans are posted (`None` when tracing is off), for `/status`.
+    endpoint: Option<Arc<str>>,
+}
+
+/// What `/status` shows of tracing: the settings in force and the exporter's counters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TracingStatus {
+    pub enabled: bool,
+    /// The URL spans are posted to.
+    pub endpoint: Option<Arc<str>>,
+    /// The `OTEL_TRACES_SAMPLER` name, and the ratio when the sampler uses one.
+    pub sampler: Option<&'static str>,
+    pub ratio: Option<f64>,
+    /// Finished spans waiting for export now.
+    pub queued: usize,
+    pub spans_exported: u64,
+    /// Dropped at the door: the queue was full.
+    pub spans_dropped: u64,
+    /// Lost with a batch the collector refused or did not answer in time.
+    pub spans_failed: u64,
+    pub batches_exported: u64,
+    pub batches_failed: u64,
+    pub consecutive_failures: u64,
+    pub last_error: Option<String>,
+    /// Unix milliseconds of the last failure.
+    pub last_error_at_ms: Option<u64>,
 }
 
 impl Tracer {
@@ -30,6 +58,7 @@ impl Tracer {
             sampler: Sampler::new(crate::SamplerKind::AlwaysOff, 0.0),
             sink: None,
             stats: Arc::default(),
+            endpoint: None,
         }
     }
 
@@ -44,7 +73,9 @@ impl Tracer {
         }
         let (sink, exporter) = channel(ExportSettings::from_config(cfg)?);
         let sampler = Sampler::new(cfg.sampler, cfg.ratio);
-        Ok((Self::with_sink(sampler, sink), Some(exporter)))
+        let mut tracer = Self::with_sink(sampler, sink);
+        tracer.endpoint = Some(cfg.traces_url().into());
+        Ok((tracer, Some(exporter)))
     }
 
     /// A tracer over an existing queue (tests, benchmarks).
@@ -53,6 +84,30 @@ impl Tracer {
             sampler,
             stats: sink.stats().clone(),
             sink: Some(sink),
+            endpoint: None,
+        }
+    }
+
+    /// The settings in force and the exporter's counters, for `/status`.
+    pub fn status(&self) -> TracingStatus {
+        let s = &self.stats;
+        let enabled = self.is_enabled();
+        let kind = self.sampler.kind();
+        let at = s.last_error_at_ms.load(Relaxed);
+        TracingStatus {
+            enabled,
+            endpoint: self.endpoint.clone(),
+            sampler: enabled.then(|| kind.as_str()),
+            ratio: (enabled && kind.uses_ratio()).then(|| self.sampler.ratio()),
+            queued: self.queued(),
+            spans_exported: s.spans_exported.load(Relaxed),
+            spans_dropped: s.spans_dropped.load(Relaxed),
+            spans_failed: s.spans_failed.load(Relaxed),
+            batches_exported: s.batches_exported.load(Relaxed),
+            batches_failed: s.batches_failed.load(Relaxed),
+            consecutive_failures: s.consecutive_failures.load(Relaxed),
+            last_error: s.last_error(),
+            last_error_at_ms: (at > 0).then_some(at),
         }
     }
 
@@ -252,5 +307,36 @@ mod tests {
         assert_eq!(client.traceparent().as_bytes(), PARENT);
         let (t, e) = Tracer::from_config(&TracingConfig::default()).unwrap();
         assert!(!t.is_enabled() && e.is_none());
+        let st = t.status();
+        assert!(!st.enabled && st.endpoint.is_none() && st.sampler.is_none());
+    }
+
+    #[test]
+    fn status_names_the_endpoint_and_the_sampler_and_counts() {
+        let cfg = TracingConfig {
+            enabled: true,
+            endpoint: Some("http://collector:4318".into()),
+            ratio: 0.25,
+            ..Default::default()
+        };
+        let (t, _e) = Tracer::from_config(&cfg).unwrap();
+        let s = t.start_server(None, "chat m", 1);
+        t.end(s, 2);
+        let st = t.status();
+        assert_eq!(
+            st.endpoint.as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        assert_eq!(
+            (st.sampler, st.ratio),
+            (Some("parentbased_traceidratio"), Some(0.25))
+        );
+        assert!(st.queued <= 1 && st.last_error.is_none() && st.last_error_at_ms.is_none());
+        let (always, _e2) = tracer(SamplerKind::ParentbasedAlwaysOn, 1.0);
+        assert_eq!(
+            always.status().ratio,
+            None,
+            "a sampler without a ratio shows none"
+        );
     }
 }

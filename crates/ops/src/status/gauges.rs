@@ -6,6 +6,7 @@ use sluice_policy::slo::Dim;
 use sluice_policy::{PolicyMode, SignalKind, Tier};
 use sluice_runtime::metrics::catch_up;
 use sluice_runtime::pools::{FailureCause, RetryDenied};
+use std::sync::atomic::Ordering::Relaxed;
 
 pub fn refresh_gauges(app: &OpsState) {
     let m = &app.metrics;
@@ -18,6 +19,15 @@ pub fn refresh_gauges(app: &OpsState) {
         // The coordinator owns the totals; the counter catches up to them (never goes back).
         let counter = m.coordinator_events.with_label_values(&[event]);
         counter.inc_by(total.saturating_sub(counter.get()));
+    }
+    // The exporter owns the span totals; the counters catch up to them.
+    let spans = &app.tracer.stats();
+    for (outcome, total) in [
+        ("exported", &spans.spans_exported),
+        ("dropped", &spans.spans_dropped),
+        ("failed", &spans.spans_failed),
+    ] {
+        catch_up(&m.trace_spans, &[outcome], total.load(Relaxed));
     }
     let dropped = sluice_runtime::log_writer::stderr_dropped();
     m.log_dropped

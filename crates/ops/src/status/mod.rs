@@ -147,6 +147,7 @@ pub fn status(app: &OpsState) -> Status {
                 .hub
                 .prometheus_health()
                 .map(|h| h.view(now, app.hub.stale_after_ms())),
+            tracing: app.tracer.status(),
         },
         dependencies: dependencies(app, now).into_iter().collect(),
     }

@@ -263,9 +263,11 @@ impl From<Movement> for Moved {
     }
 }
 
-/// Which source feeds the signals, and the Prometheus poller's last round when it runs.
+/// Which source feeds the signals, the Prometheus poller's last round when it runs, and the
+/// trace exporter (`telemetry.tracing`).
 #[derive(Debug, Serialize)]
 pub struct Telemetry {
     pub source: &'static str,
     pub prometheus: Option<PrometheusStatus>,
+    pub tracing: sluice_trace::TracingStatus,
 }

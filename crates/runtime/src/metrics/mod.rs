@@ -96,6 +96,9 @@ pub struct Metrics {
     pub edge_timeouts: IntCounterVec,
     /// Requests of tenants over their budget served one tier lower, by own tier and tier used.
     pub quota_demotions: IntCounterVec,
+    /// Spans of sampled requests by what became of them (`exported`, `dropped`, `failed`),
+    /// mirrored from the trace exporter's own counts when `/metrics` is rendered.
+    pub trace_spans: IntCounterVec,
 }
 
 impl Metrics {
@@ -199,6 +202,7 @@ impl Metrics {
             edge_refusals: counter("sluice_edge_refusals_total", "Connections and requests refused by the connection guard before Pingora parsed them, by listener and error code (too_many_connections is the per-listener connection limit).", &["listener", "code"]),
             edge_timeouts: counter("sluice_edge_timeouts_total", "Client connections closed by the connection guard for slowness: header_read (limits.header_read_timeout_ms), body_lookahead (limits.body_read_timeout_ms while checking a small body's framing).", &["listener", "phase"]),
             quota_demotions: counter("sluice_quota_demotions_total", "Requests of tenants over their budget (tenants.<name>.quota) served as the next lower tier, by the tenant's tier and the tier used.", &["tier", "served_as"]),
+            trace_spans: counter("sluice_trace_spans_total", "Spans of sampled requests (telemetry.tracing) by outcome: exported (accepted by the collector), dropped (the export queue was full), failed (lost with a batch the collector refused or did not answer in time). Requests never wait for export.", &["outcome"]),
             tenants: Default::default(),
             id: request_path::next_id(),
             registry,
