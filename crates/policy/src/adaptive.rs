@@ -639,6 +639,7 @@ impl PoolController {
                 let pace = signals
                     .itl_ms
                     .filter(|v| dim == Dim::Tpot && v.is_finite())
+                    .filter(|_| !q.is_empty() || !running.is_empty())
                     .map(|v| v / target);
                 // The pace is the current one; a stream's own TPOT arrives when it ends, a long
                 // answer's seconds after the batch that set it.
