@@ -116,6 +116,17 @@ pub struct Measured {
 }
 
 impl Measured {
+    /// A stream of `tokens` whose first came at `ttft_ms` and the rest at `tpot_ms` each.
+    pub fn stream(ttft_ms: f64, tpot_ms: f64, tokens: u64) -> Self {
+        Measured {
+            latency_ms: ttft_ms + tpot_ms * tokens.saturating_sub(1) as f64,
+            ttft_ms: Some(ttft_ms),
+            tpot_ms: Some(tpot_ms),
+            completion_tokens: Some(tokens),
+            stream: true,
+        }
+    }
+
     /// TPOT from the first and last token times: `None` under two tokens (no pace to speak of).
     pub fn tpot_of(first_ms: f64, last_ms: f64, tokens: u64) -> Option<f64> {
         (tokens >= 2 && last_ms >= first_ms).then(|| (last_ms - first_ms) / (tokens - 1) as f64)
@@ -257,13 +268,7 @@ mod tests {
     }
 
     fn stream(ttft: f64, tpot: f64, tokens: u64) -> Measured {
-        Measured {
-            latency_ms: ttft + tpot * (tokens - 1) as f64,
-            ttft_ms: Some(ttft),
-            tpot_ms: Some(tpot),
-            completion_tokens: Some(tokens),
-            stream: true,
-        }
+        Measured::stream(ttft, tpot, tokens)
     }
 
     #[test]

@@ -889,13 +889,7 @@ pub(super) mod tests {
     }
 
     fn stream(ttft: f64, tpot: f64, tokens: u64) -> Measured {
-        Measured {
-            latency_ms: ttft + tpot * (tokens - 1) as f64,
-            ttft_ms: Some(ttft),
-            tpot_ms: Some(tpot),
-            completion_tokens: Some(tokens),
-            stream: true,
-        }
+        Measured::stream(ttft, tpot, tokens)
     }
 
     #[test]
