@@ -1201,13 +1201,12 @@ fn fresh_rows_are_copied_with_their_queue_events_and_a_reused_id_still_lands_onc
     assert_eq!((w.completed, w.violated), (120, 30));
 }
 
-#[test]
-fn migrations_3_and_4_keep_an_existing_ledger_and_count_its_recent_completions() {
+/// A schema holding a ledger as the first `n` migrations left it, and a connection.
+fn ledger_at_version(n: usize) -> (Schema, postgres::Client) {
     let schema = Schema::create();
     let mut c = pg();
-    // A ledger written by the previous release: every migration before this one.
     let mut previous = String::new();
-    for (version, name, sql) in &sluice_ledger::migrate::MIGRATIONS[..2] {
+    for (version, name, sql) in &sluice_ledger::migrate::MIGRATIONS[..n] {
         previous += &format!(
             "{sql}\nINSERT INTO ledger_migrations (version, name) VALUES ({version}, '{name}');\n"
         );
@@ -1221,6 +1220,13 @@ fn migrations_3_and_4_keep_an_existing_ledger_and_count_its_recent_completions()
         s = schema.0
     ))
     .unwrap();
+    (schema, c)
+}
+
+#[test]
+fn migrations_3_and_4_keep_an_existing_ledger_and_count_its_recent_completions() {
+    // A ledger written by the previous release: every migration before this one.
+    let (schema, mut c) = ledger_at_version(2);
     let db = Db::new(PG_URL, &schema.0).unwrap();
     let now = now_ms();
     let mut rows = random_rows(11, 2_000, now);
@@ -1581,24 +1587,8 @@ fn ttft_tpot_and_the_dimensions_missed_round_trip_through_the_writer() {
 
 #[test]
 fn migration_5_keeps_a_version_4_ledger_readable_with_the_new_fields_null() {
-    let schema = Schema::create();
-    let mut c = pg();
     // A ledger as the release before migration 5 left it.
-    let mut previous = String::new();
-    for (version, name, sql) in &sluice_ledger::migrate::MIGRATIONS[..4] {
-        previous += &format!(
-            "{sql}\nINSERT INTO ledger_migrations (version, name) VALUES ({version}, '{name}');\n"
-        );
-    }
-    c.batch_execute(&format!(
-        "SET search_path TO {s};
-         CREATE TABLE ledger_migrations (version integer PRIMARY KEY, name text NOT NULL,
-                                         applied_at timestamptz NOT NULL DEFAULT now());
-         {previous}
-         RESET search_path;",
-        s = schema.0
-    ))
-    .unwrap();
+    let (schema, mut c) = ledger_at_version(4);
     let now = now_ms();
     let mut rows = random_rows(21, 300, now);
     for (i, r) in rows.iter_mut().enumerate().take(12) {
