@@ -636,6 +636,44 @@ struct OutSpan {
     unhealthy_at_s: Option<f64>,
     /// First poll where it was usable again (`None`: still out at the end).
     back_at_s: Option<f64>,
+    /// Sluice's `backend_ejected` line for this ejection (cause, for how long, the how-manyth)
+    /// and its `backend_returned` line (why).
+    log_ejected: Option<String>,
+    log_returned: Option<String>,
+}
+
+/// Pairs each span with an ejection with the replica's next `backend_ejected` and
+/// `backend_returned` log lines, in order.
+fn annotate(spans: &mut [OutSpan], log: &Log, names: &BTreeMap<String, &'static str>) {
+    let name = |e: &Value| {
+        let b = e["backend"].as_str().unwrap_or("?");
+        names.get(b).map_or(b.to_string(), |n| n.to_string())
+    };
+    for &replica in names.values() {
+        let ejected: Vec<&Value> = events(log, "backend_ejected")
+            .filter(|e| name(e) == replica)
+            .collect();
+        let returned: Vec<&Value> = events(log, "backend_returned")
+            .filter(|e| name(e) == replica)
+            .collect();
+        for (k, span) in spans
+            .iter_mut()
+            .filter(|s| s.replica == replica && s.ejected_at_s.is_some())
+            .enumerate()
+        {
+            span.log_ejected = ejected.get(k).map(|e| {
+                format!(
+                    "{}, {} ms, times {}",
+                    e["cause"].as_str().unwrap_or("?"),
+                    e["for_ms"],
+                    e["times"]
+                )
+            });
+            span.log_returned = returned
+                .get(k)
+                .map(|e| e["why"].as_str().unwrap_or("?").to_string());
+        }
+    }
 }
 
 fn out_spans(polls: &[Poll], names: &BTreeMap<String, &'static str>) -> Vec<OutSpan> {
@@ -658,6 +696,8 @@ fn out_spans(polls: &[Poll], names: &BTreeMap<String, &'static str>) -> Vec<OutS
                         ejection_cause: None,
                         unhealthy_at_s: None,
                         back_at_s: None,
+                        log_ejected: None,
+                        log_returned: None,
                     });
                 }
                 Some(&i) if healthy && !ejected => {
@@ -840,7 +880,7 @@ struct LossRun {
     ejection_log: Vec<Value>,
     /// When each event happened (s from the start): kill, restart issued, restarted replica
     /// listening, 503 on, 503 off.
-    events_s: BTreeMap<String, f64>,
+    events_s: Vec<(String, f64)>,
     latency_p50_ms: Option<f64>,
     latency_p99_ms: Option<f64>,
     /// Full answers that took more than one attempt: their latency p50 / max.
@@ -903,21 +943,21 @@ async fn replica_loss(
 
     let at = |s: f64| t0 + Duration::from_secs_f64(s);
     let now_s = || t0.elapsed().as_secs_f64();
-    let mut events_s = BTreeMap::new();
+    let mut events_s: Vec<(String, f64)> = Vec::new();
     tokio::time::sleep_until(at(args.kill_at_s)).await;
     kill(&mut sims[0]);
-    events_s.insert("od-0 SIGKILL".to_string(), now_s());
+    events_s.push(("od-0 SIGKILL".to_string(), now_s()));
     tokio::time::sleep_until(at(args.restart_at_s)).await;
-    events_s.insert("od-0 restart".to_string(), now_s());
+    events_s.push(("od-0 restart".to_string(), now_s()));
     let (first, rest) = sims.split_at_mut(1);
     start_sim(args, bin, &dir, &mut first[0]).await?;
-    events_s.insert("od-0 listening".to_string(), now_s());
+    events_s.push(("od-0 listening".to_string(), now_s()));
     tokio::time::sleep_until(at(args.unavailable_at_s)).await;
     fail_mode(&c, &rest[0], "unavailable").await?;
-    events_s.insert("od-1 503 on".to_string(), now_s());
+    events_s.push(("od-1 503 on".to_string(), now_s()));
     tokio::time::sleep_until(at(args.unavailable_until_s)).await;
     fail_mode(&c, &rest[0], "none").await?;
-    events_s.insert("od-1 503 off".to_string(), now_s());
+    events_s.push(("od-1 503 off".to_string(), now_s()));
 
     let mut outcomes = Vec::with_capacity(tasks.len());
     for t in tasks {
@@ -937,7 +977,7 @@ async fn replica_loss(
         eprintln!("sluice-bench failover: kept {}", dir.display());
     }
 
-    let kill_ms = events_s["od-0 SIGKILL"] * 1000.0;
+    let kill_ms = events_s[0].1 * 1000.0;
     let killed = format!("127.0.0.1:{}", args.sim_ports[0]);
     let tokens = args.output_tokens;
     let mut run = LossRun {
@@ -953,7 +993,11 @@ async fn replica_loss(
         retried_not_full: Vec::new(),
         cut_and_retried: Vec::new(),
         budget: budget_use(&polls),
-        out_of_selection: out_spans(&polls, &names),
+        out_of_selection: {
+            let mut s = out_spans(&polls, &names);
+            annotate(&mut s, &log, &names);
+            s
+        },
         ejection_log: log
             .events
             .iter()
@@ -1029,9 +1073,15 @@ struct OutageRun {
     requests: usize,
     full: usize,
     failed: usize,
-    /// Failed requests sent during the outage, and outside it.
+    /// Failed requests sent before the outage, during it, and after it (while the health
+    /// checks had not brought a replica back yet).
+    failed_before: usize,
     failed_in_outage: usize,
-    failed_outside: usize,
+    failed_after: usize,
+    /// When the last failed request was sent, and the first full answer after the outage
+    /// (s from the start).
+    last_failure_sent_s: Option<f64>,
+    first_full_after_s: Option<f64>,
     /// Failed requests by status and reason.
     failures_by: BTreeMap<String, usize>,
     /// Completion requests the replicas received over the run, and during the outage.
@@ -1044,7 +1094,7 @@ struct OutageRun {
     budget: BudgetUse,
     out_of_selection: Vec<OutSpan>,
     /// When the outage began and ended (s from the start).
-    events_s: BTreeMap<String, f64>,
+    events_s: Vec<(String, f64)>,
 }
 
 async fn fleet_503(args: &FailoverArgs, bin: &Path, label: &str) -> Result<OutageRun, String> {
@@ -1098,18 +1148,18 @@ async fn fleet_503(args: &FailoverArgs, bin: &Path, label: &str) -> Result<Outag
         .collect();
     let at = |s: f64| t0 + Duration::from_secs_f64(s);
     let now_s = || t0.elapsed().as_secs_f64();
-    let mut events_s = BTreeMap::new();
+    let mut events_s: Vec<(String, f64)> = Vec::new();
     tokio::time::sleep_until(at(args.fleet_outage_at_s)).await;
     let at_on = sims_received(&c, &sims).await?;
     for s in &sims {
         fail_mode(&c, s, "unavailable").await?;
     }
-    events_s.insert("503 on (both)".to_string(), now_s());
+    events_s.push(("503 on (both)".to_string(), now_s()));
     tokio::time::sleep_until(at(args.fleet_outage_at_s + args.fleet_outage_s)).await;
     for s in &sims {
         fail_mode(&c, s, "none").await?;
     }
-    events_s.insert("503 off (both)".to_string(), now_s());
+    events_s.push(("503 off (both)".to_string(), now_s()));
     let at_off = sims_received(&c, &sims).await?;
 
     let mut outcomes = Vec::with_capacity(tasks.len());
@@ -1130,17 +1180,17 @@ async fn fleet_503(args: &FailoverArgs, bin: &Path, label: &str) -> Result<Outag
         eprintln!("sluice-bench failover: kept {}", dir.display());
     }
 
-    let (on_ms, off_ms) = (
-        events_s["503 on (both)"] * 1000.0,
-        events_s["503 off (both)"] * 1000.0,
-    );
+    let (on_ms, off_ms) = (events_s[0].1 * 1000.0, events_s[1].1 * 1000.0);
     let in_outage = |o: &Outcome| (on_ms..off_ms).contains(&o.sent_ms);
     let mut run = OutageRun {
         requests: outcomes.len(),
         full: 0,
         failed: 0,
+        failed_before: 0,
         failed_in_outage: 0,
-        failed_outside: 0,
+        failed_after: 0,
+        last_failure_sent_s: None,
+        first_full_after_s: None,
         failures_by: BTreeMap::new(),
         attempts: received_after - received_before,
         attempts_in_outage: at_off - at_on,
@@ -1148,19 +1198,29 @@ async fn fleet_503(args: &FailoverArgs, bin: &Path, label: &str) -> Result<Outag
         bound: outcomes.len() as f64 * (1.0 + knobs.budget_ratio) + knobs.min_retries as f64,
         retries: retries(&metrics, &log, polls.last()),
         budget: budget_use(&polls),
-        out_of_selection: out_spans(&polls, &names),
+        out_of_selection: {
+            let mut s = out_spans(&polls, &names);
+            annotate(&mut s, &log, &names);
+            s
+        },
         events_s,
     };
     for o in &outcomes {
         if o.full(args.output_tokens) {
             run.full += 1;
+            if o.sent_ms >= off_ms && run.first_full_after_s.is_none() {
+                run.first_full_after_s = Some(o.sent_ms / 1000.0);
+            }
             continue;
         }
         run.failed += 1;
+        run.last_failure_sent_s = Some(o.sent_ms / 1000.0);
         if in_outage(o) {
             run.failed_in_outage += 1;
+        } else if o.sent_ms < on_ms {
+            run.failed_before += 1;
         } else {
-            run.failed_outside += 1;
+            run.failed_after += 1;
         }
         let key = if o.reason.is_empty() {
             o.status.to_string()
@@ -1461,7 +1521,7 @@ fn render(
     }
     let _ = writeln!(
         md,
-        "\nOut of selection (from `/status`, s from the start; usable = health check up and not ejected):\n\n| run | events | replica | out at | ejected at (cause) | health check down at | back at |\n|---|---|---|---|---|---|---|"
+        "\nOut of selection (from `/status` polls, s from the start; usable = health check up and not ejected; the log columns are Sluice's `backend_ejected` and `backend_returned` lines):\n\n| run | events | replica | out at | ejected at (cause) | health check down at | back at | log: ejected | log: returned |\n|---|---|---|---|---|---|---|---|---|"
     );
     for r in runs {
         let l = &r.replica_loss;
@@ -1473,7 +1533,7 @@ fn render(
         for (i, s) in l.out_of_selection.iter().enumerate() {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.2} | {}{} | {} | {} |",
+                "| {} | {} | {} | {:.2} | {}{} | {} | {} | {} | {} |",
                 r.run,
                 if i == 0 { ev.join(", ") } else { String::new() },
                 s.replica,
@@ -1483,7 +1543,9 @@ fn render(
                     .as_ref()
                     .map_or(String::new(), |c| format!(" ({c})")),
                 opt_s(s.unhealthy_at_s),
-                opt_s(s.back_at_s)
+                opt_s(s.back_at_s),
+                s.log_ejected.as_deref().unwrap_or("-"),
+                s.log_returned.as_deref().unwrap_or("-")
             );
         }
     }
@@ -1534,7 +1596,7 @@ fn render(
         );
         let _ = writeln!(
             md,
-            "| run | requests | upstream attempts | bound | in the outage: requests / attempts | retries (/metrics) | denied | max window retries / limit | failed: in outage / outside | failures by status | od-0 out → back s | od-1 out → back s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "| run | requests | upstream attempts | bound | in the outage: requests / attempts | retries (/metrics) | denied | max window retries / limit | failed: before / in / after the outage | failures by status and reason | last failure sent at s | od-0 out → back s | od-1 out → back s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for r in runs {
             let Some(f) = &r.fleet_503 else { continue };
@@ -1553,7 +1615,7 @@ fn render(
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.0} | {} / {} | {} | {} | {} / {} | {} / {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.0} | {} / {} | {} | {} | {} / {} | {} / {} / {} | {} | {} | {} | {} |",
                 r.run,
                 f.requests,
                 f.attempts,
@@ -1571,13 +1633,15 @@ fn render(
                 ),
                 f.budget.max_window_retries,
                 f.budget.limit_at_max,
+                f.failed_before,
                 f.failed_in_outage,
-                f.failed_outside,
+                f.failed_after,
                 f.failures_by
                     .iter()
                     .map(|(k, v)| format!("{k}: {v}"))
                     .collect::<Vec<_>>()
                     .join(", "),
+                opt_s(f.last_failure_sent_s),
                 spans("od-0"),
                 spans("od-1"),
             );
