@@ -430,12 +430,14 @@ pub async fn run(
         process: Some(bare),
     });
     let otlp = OtlpSink::start().await?;
+    // The tracing targets right after plain Sluice: their ratios to it are the point, and the
+    // ledger's PostgreSQL work (writeback after its runs) must not land on them alone.
     for (name, extras) in [
         (UNTRACED, Extras::None),
-        ("sluice + ledger", Extras::Ledger),
-        ("sluice + ledger + redis", Extras::LedgerAndRedis),
         (TRACED, Extras::Tracing),
         (TRACING_OFF, Extras::TracingOff),
+        ("sluice + ledger", Extras::Ledger),
+        ("sluice + ledger + redis", Extras::LedgerAndRedis),
     ] {
         let dir = wd.path.join(name.replace([' ', '+', '%'], ""));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -475,6 +477,7 @@ pub async fn run(
     let rounds = rounds.max(1);
     let mut rounds_rows: Vec<Vec<Row>> = Vec::new();
     let mut steal = Vec::new();
+    let mut cpu: Vec<CpuUse> = Vec::new();
     for round in 1..=rounds {
         let before = CpuTicks::read();
         let mut rows: Vec<Row> = Vec::new();
@@ -487,7 +490,30 @@ pub async fn run(
                             "sluice-bench: round {round}/{rounds}: wrk {} connections → {} ({secs} s)",
                             n, t.name
                         );
-                        wrk(&t.url, n, secs, &script)
+                        // The Sluice targets' own CPU, and this process's (the stand-in
+                        // collector's), over the run.
+                        let pid = t
+                            .process
+                            .as_ref()
+                            .filter(|_| t.name.starts_with("sluice"))
+                            .map(Proc::pid);
+                        let start = pid
+                            .and_then(|p| cpu_seconds(Some(p)))
+                            .zip(cpu_seconds(None));
+                        let r = wrk(&t.url, n, secs, &script);
+                        let end = pid
+                            .and_then(|p| cpu_seconds(Some(p)))
+                            .zip(cpu_seconds(None));
+                        if let (Some((p0, h0)), Some((p1, h1)), Ok(w)) = (start, end, &r) {
+                            cpu.push(CpuUse {
+                                conns: n,
+                                target: t.name,
+                                proxy_us_per_request: (p1 - p0) * 1e6
+                                    / (w.rps * secs as f64).max(1.0),
+                                harness_cores: (h1 - h0) / secs as f64,
+                            });
+                        }
+                        r
                     }
                 };
                 rows.push((n, t.name, r));
@@ -533,6 +559,7 @@ pub async fn run(
     md.push_str(&steal_line(&steal));
     let tracing_md = tracing_section(
         &rounds_rows,
+        &cpu,
         conns,
         spans.as_ref(),
         otlp.seen(),
@@ -804,6 +831,31 @@ fn trace_spans(metrics: &str) -> std::collections::BTreeMap<String, u64> {
     out
 }
 
+/// A Sluice target's CPU over one wrk run.
+struct CpuUse {
+    conns: u32,
+    target: &'static str,
+    /// The proxy process's user + system CPU over the requests wrk completed.
+    proxy_us_per_request: f64,
+    /// This harness process's CPU (the stand-in OTLP collector; wrk is a child, not counted)
+    /// in cores over the run.
+    harness_cores: f64,
+}
+
+/// User + system CPU seconds of a process (`None`: this one), from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let path = pid.map_or("/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));
+    let stat = std::fs::read_to_string(path).ok()?;
+    // After the command name (in parentheses, which may hold spaces): state is field 3, utime
+    // and stime fields 14 and 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks as f64 / hz as f64)
+}
+
 /// One target's wrk result in a round.
 fn found<'a>(rows: &'a [Row], n: u32, name: &str) -> Option<&'a WrkResult> {
     rows.iter()
@@ -815,6 +867,7 @@ fn found<'a>(rows: &'a [Row], n: u32, name: &str) -> Option<&'a WrkResult> {
 /// their medians, the added latency, the issue's targets, and what was exported.
 fn tracing_section(
     rounds: &[Vec<Row>],
+    cpu: &[CpuUse],
     conns: &[u32],
     spans: Option<&std::collections::BTreeMap<String, u64>>,
     (posts, bytes): (u64, u64),
@@ -905,6 +958,45 @@ fn tracing_section(
                 "- {n} connections: **{}** tracing configured off costs nothing measurable (median configured off ÷ off {m:.3}, within ±5 %)",
                 if (m - 1.0).abs() <= 0.05 { "PASS" } else { "FAIL" }
             ));
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nThe proxy's own CPU per request (user + system of its process over a run ÷ the requests \
+         wrk completed; less exposed to the machine's drift than req/s, since wrk, the backend and \
+         the proxy share 2 cores), per round and median, and the stand-in collector's CPU (this \
+         harness process) during the run:\n\n\
+         | connections | target | proxy CPU µs/request, per round | median | ÷ `{UNTRACED}`'s | collector, cores |\n|---|---|---|---|---|---|"
+    );
+    for &n in conns {
+        let of = |name: &str| -> Vec<&CpuUse> {
+            cpu.iter()
+                .filter(|c| c.conns == n && c.target == name)
+                .collect()
+        };
+        let base = median(
+            of(UNTRACED)
+                .iter()
+                .map(|c| c.proxy_us_per_request)
+                .collect(),
+        );
+        for name in [UNTRACED, TRACED, TRACING_OFF] {
+            let v = of(name);
+            if v.is_empty() {
+                continue;
+            }
+            let each: Vec<String> = v
+                .iter()
+                .map(|c| format!("{:.1}", c.proxy_us_per_request))
+                .collect();
+            let m = median(v.iter().map(|c| c.proxy_us_per_request).collect());
+            let _ = writeln!(
+                s,
+                "| {n} | {name} | {} | {m:.1} | {:.2}× | {:.2} |",
+                each.join(" "),
+                m / base,
+                median(v.iter().map(|c| c.harness_cores).collect())
+            );
         }
     }
     let _ = writeln!(s, "\nTargets:\n\n{}", verdicts.join("\n"));
@@ -1197,6 +1289,39 @@ mod tests {
             "{spread}"
         );
         assert!(!spread.contains("sluice + ledger |"), "{spread}");
+    }
+
+    #[test]
+    fn trace_spans_and_own_cpu_are_read() {
+        let m = "# TYPE sluice_trace_spans_total counter\n\
+                 sluice_trace_spans_total{outcome=\"exported\"} 1200\n\
+                 sluice_trace_spans_total{outcome=\"dropped\"} 3\n\
+                 sluice_trace_spans_totalx{outcome=\"failed\"} 9\n";
+        let s = trace_spans(m);
+        assert_eq!(s.get("exported"), Some(&1200));
+        assert_eq!(s.get("dropped"), Some(&3));
+        assert_eq!(s.len(), 2);
+        assert!(cpu_seconds(None).is_some_and(|c| c >= 0.0));
+    }
+
+    #[test]
+    fn the_tracing_section_compares_within_each_round() {
+        let round = |off: f64, traced: f64, conf: f64| -> Vec<Row> {
+            vec![
+                (16, "pingora (bare)", wrk_result(20000.0, 0.5, 0)),
+                (16, UNTRACED, wrk_result(off, 0.6, 0)),
+                (16, TRACED, wrk_result(traced, 0.7, 0)),
+                (16, TRACING_OFF, wrk_result(conf, 0.6, 0)),
+            ]
+        };
+        let rounds = vec![
+            round(18000.0, 16920.0, 18000.0),
+            round(12000.0, 11400.0, 12120.0),
+        ];
+        let s = tracing_section(&rounds, &[], &[16], None, (0, 0), 5, 2);
+        assert!(s.contains("| 16 | 0.940 0.950 | 0.945× |"), "{s}");
+        assert!(s.contains("**PASS** sampling 100 %"), "{s}");
+        assert!(tracing_section(&[], &[], &[16], None, (0, 0), 5, 1).is_empty());
     }
 
     #[test]
