@@ -826,7 +826,7 @@ mod tests {
         let target = rules.tier(Tier::Standard).slo.ttft_ms.unwrap() as f64;
         let mut state = PolicyState::initial();
         let od = &mut state.pools[0];
-        od.dims[Tier::Standard.index()][Dim::Ttft.index()].unloaded_ms = Some(10.0);
+        od.dims[Tier::Standard.index()][Dim::Ttft.index()].unloaded_ms = Some(target / 4.0);
         od.delay_ms = Some(target);
         let pass = |t| decision(t, Action::Pass, Pool::OnDemand);
         // Queue delay plus the learned prefill past the target: refused, never Guaranteed.
