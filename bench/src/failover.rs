@@ -474,6 +474,55 @@ impl Knobs {
 }
 
 /// Waits until both replicas are checked healthy and the pool's models are known.
+/// Two fresh replicas and a Sluice in front of them, ready: what both scenarios start from.
+struct Fleet {
+    work: WorkDir,
+    dir: PathBuf,
+    c: HttpClient,
+    sims: Vec<Sim>,
+    names: BTreeMap<String, &'static str>,
+    knobs: Knobs,
+    sluice: Proc,
+}
+
+impl Fleet {
+    async fn start(args: &FailoverArgs, bin: &Path, work_name: &str) -> Result<Fleet, String> {
+        let mut work = WorkDir::new(work_name)?;
+        work.keep = args.keep;
+        let dir = work.path.clone();
+        let c = procs::client();
+        let mut sims: Vec<Sim> = ["od-0", "od-1"]
+            .into_iter()
+            .zip(&args.sim_ports)
+            .map(|(name, port)| Sim {
+                name,
+                addr: format!("127.0.0.1:{port}"),
+                proc: None,
+                starts: 0,
+            })
+            .collect();
+        for s in &mut sims {
+            start_sim(args, bin, &dir, s).await?;
+        }
+        let names = sims.iter().map(|s| (s.addr.clone(), s.name)).collect();
+        let (addr, ops) = (procs::free_addr()?, procs::free_addr()?);
+        let cfg = sluice_config(&sims, &dir, &addr, &ops);
+        crate::sluice_conf::parse(&cfg, &dir)?;
+        let knobs = Knobs::of(&cfg);
+        let sluice = procs::start_sluice(bin, &cfg, &dir).await?;
+        wait_ready(&c, &sluice).await?;
+        Ok(Fleet {
+            work,
+            dir,
+            c,
+            sims,
+            names,
+            knobs,
+            sluice,
+        })
+    }
+}
+
 async fn wait_ready(c: &HttpClient, sluice: &Proc) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut last = Value::Null;
@@ -894,35 +943,15 @@ async fn replica_loss(
     bin: &Path,
     label: &str,
 ) -> Result<(LossRun, Knobs), String> {
-    let mut work = WorkDir::new(&format!("failover-{label}"))?;
-    work.keep = args.keep;
-    let dir = work.path.clone();
-    let c = procs::client();
-    let mut sims = vec![
-        Sim {
-            name: "od-0",
-            addr: format!("127.0.0.1:{}", args.sim_ports[0]),
-            proc: None,
-            starts: 0,
-        },
-        Sim {
-            name: "od-1",
-            addr: format!("127.0.0.1:{}", args.sim_ports[1]),
-            proc: None,
-            starts: 0,
-        },
-    ];
-    for s in &mut sims {
-        start_sim(args, bin, &dir, s).await?;
-    }
-    let names: BTreeMap<String, &'static str> =
-        sims.iter().map(|s| (s.addr.clone(), s.name)).collect();
-    let (addr, ops) = (procs::free_addr()?, procs::free_addr()?);
-    let cfg = sluice_config(&sims, &dir, &addr, &ops);
-    crate::sluice_conf::parse(&cfg, &dir)?;
-    let knobs = Knobs::of(&cfg);
-    let sluice = procs::start_sluice(bin, &cfg, &dir).await?;
-    wait_ready(&c, &sluice).await?;
+    let Fleet {
+        work: _work,
+        dir,
+        c,
+        mut sims,
+        names,
+        knobs,
+        sluice,
+    } = Fleet::start(args, bin, &format!("failover-{label}")).await?;
 
     let planned = plan(args, args.duration_s);
     let t0 = Instant::now() + Duration::from_millis(300);
@@ -1098,35 +1127,15 @@ struct OutageRun {
 }
 
 async fn fleet_503(args: &FailoverArgs, bin: &Path, label: &str) -> Result<OutageRun, String> {
-    let mut work = WorkDir::new(&format!("failover-fleet-{label}"))?;
-    work.keep = args.keep;
-    let dir = work.path.clone();
-    let c = procs::client();
-    let mut sims = vec![
-        Sim {
-            name: "od-0",
-            addr: format!("127.0.0.1:{}", args.sim_ports[0]),
-            proc: None,
-            starts: 0,
-        },
-        Sim {
-            name: "od-1",
-            addr: format!("127.0.0.1:{}", args.sim_ports[1]),
-            proc: None,
-            starts: 0,
-        },
-    ];
-    for s in &mut sims {
-        start_sim(args, bin, &dir, s).await?;
-    }
-    let names: BTreeMap<String, &'static str> =
-        sims.iter().map(|s| (s.addr.clone(), s.name)).collect();
-    let (addr, ops) = (procs::free_addr()?, procs::free_addr()?);
-    let cfg = sluice_config(&sims, &dir, &addr, &ops);
-    crate::sluice_conf::parse(&cfg, &dir)?;
-    let knobs = Knobs::of(&cfg);
-    let sluice = procs::start_sluice(bin, &cfg, &dir).await?;
-    wait_ready(&c, &sluice).await?;
+    let Fleet {
+        work: _work,
+        dir,
+        c,
+        sims,
+        names,
+        knobs,
+        sluice,
+    } = Fleet::start(args, bin, &format!("failover-fleet-{label}")).await?;
     let received_before = sims_received(&c, &sims).await?;
 
     let planned = plan(args, args.fleet_duration_s);
