@@ -220,7 +220,9 @@ fn sluice_config(
         // A capacity makes every request take and release an admission slot, as in production.
         "tiers": {"Guaranteed": {"inflight_capacity": 10000}},
     });
-    if extras != Extras::None {
+    // Only the ledger targets: the tracing ones differ from plain Sluice by their tracing block
+    // alone, so their ratio to it is tracing's cost.
+    if matches!(extras, Extras::Ledger | Extras::LedgerAndRedis) {
         crate::sluice_conf::merge(
             &mut cfg,
             &json!({

@@ -14,6 +14,7 @@
 use super::ctx::{Ctx, RequestSpans};
 use super::ProxyState;
 use http::{HeaderName, HeaderValue};
+use memchr::memmem;
 use pingora::http::RequestHeader;
 use pingora::prelude::*;
 use sluice_policy::PolicyMode;
@@ -22,7 +23,14 @@ use sluice_record::Failure;
 use sluice_trace::semconv as sc;
 use sluice_trace::{extract, instant_unix_nanos, SpanBuilder, Str};
 use std::borrow::Cow;
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
+
+/// Built once: a searcher costs more to build than to run over a short answer.
+static MODEL_KEY: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"model\""));
+static FINISH_REASON_KEY: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"finish_reason\""));
 
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
@@ -159,7 +167,7 @@ pub fn finish(
     e: Option<&pingora::Error>,
 ) -> Option<Text> {
     let RequestSpans { mut server, client } = ctx.spans.take()?;
-    let trace_id = server.context().trace_id.to_string();
+    let trace_id = server.context().trace_id.to_hex();
     let now = Instant::now();
     let proxied = record.backend.is_some();
     let recording = server.is_recording();
@@ -317,51 +325,17 @@ struct Answer {
 
 impl Answer {
     /// From the response `logging` kept: a whole JSON completion, or the tail of a stream.
-    fn of(tail: &[u8], sse: bool) -> Answer {
-        #[derive(serde::Deserialize)]
-        struct Body {
-            model: Option<String>,
-            #[serde(default)]
-            choices: Vec<Choice>,
+    /// Read by key rather than parsed (a completion's text made the parse most of tracing's
+    /// cost): `"model"` or `"finish_reason"` followed by `:` cannot occur inside a JSON string,
+    /// whose quotes would be escaped, so each match is a key. The first `model` is the
+    /// answer's (nothing inside a choice has one); every string `finish_reason` is a choice's
+    /// ending, which a stream sends once per choice. A stream's tail may begin inside an event:
+    /// a key cut there does not match.
+    fn of(tail: &[u8], _sse: bool) -> Answer {
+        Answer {
+            model: string_values(tail, &MODEL_KEY).next(),
+            finish_reasons: string_values(tail, &FINISH_REASON_KEY).collect(),
         }
-        #[derive(serde::Deserialize)]
-        struct Choice {
-            #[serde(default)]
-            index: u64,
-            finish_reason: Option<String>,
-        }
-        let mut out = Answer::default();
-        let mut seen: Vec<u64> = Vec::new();
-        let mut take = |body: Body| {
-            if body.model.is_some() {
-                out.model = body.model;
-            }
-            for c in body.choices {
-                if let Some(r) = c.finish_reason.filter(|_| !seen.contains(&c.index)) {
-                    seen.push(c.index);
-                    out.finish_reasons.push(r);
-                }
-            }
-        };
-        if !sse {
-            if let Ok(body) = serde_json::from_slice::<Body>(tail) {
-                take(body);
-            }
-            return out;
-        }
-        // A stream's tail may begin inside an event: that piece does not parse and is skipped.
-        let text = String::from_utf8_lossy(tail);
-        for data in text
-            .split("\n\n")
-            .filter_map(|event| event.trim().strip_prefix("data:"))
-            .map(str::trim)
-            .filter(|data| data.starts_with('{'))
-        {
-            if let Ok(body) = serde_json::from_str::<Body>(data) {
-                take(body);
-            }
-        }
-        out
     }
 
     /// The response attributes, on the SERVER or the last CLIENT span.
@@ -382,6 +356,32 @@ impl Answer {
             span.set(sc::GEN_AI_USAGE_OUTPUT_TOKENS, n);
         }
     }
+}
+
+/// The string values of every `key` (quoted, as it appears in JSON) in `json`, in order;
+/// other values (`null`, numbers) are skipped.
+fn string_values<'a>(
+    json: &'a [u8],
+    key: &'a memmem::Finder<'static>,
+) -> impl Iterator<Item = String> + 'a {
+    key.find_iter(json).filter_map(move |at| {
+        let value = json[at + key.needle().len()..]
+            .trim_ascii_start()
+            .strip_prefix(b":")?
+            .trim_ascii_start();
+        let body = value.strip_prefix(b"\"")?;
+        match memchr::memchr2(b'"', b'\\', body) {
+            Some(end) if body[end] == b'"' => {
+                std::str::from_utf8(&body[..end]).ok().map(str::to_owned)
+            }
+            // Escapes: serde reads the one string.
+            Some(_) => {
+                let mut de = serde_json::Deserializer::from_slice(value);
+                <String as serde::Deserialize>::deserialize(&mut de).ok()
+            }
+            None => None,
+        }
+    })
 }
 
 fn failure_name(f: Option<Failure>) -> &'static str {
@@ -437,5 +437,14 @@ mod tests {
         assert_eq!(a.model.as_deref(), Some("m"));
         assert_eq!(a.finish_reasons, ["stop", "length"]);
         assert!(Answer::of(b"not json", false).model.is_none());
+
+        // Escaped text, keys quoted inside content, a null ending, a value cut off.
+        let json = br#"{"model":"m\u00e9","choices":[{"message":{"content":"say \"model\": no"},"finish_reason":null},{"finish_reason":"stop"}]}"#;
+        let a = Answer::of(json, false);
+        assert_eq!(a.model.as_deref(), Some("m\u{e9}"));
+        assert_eq!(a.finish_reasons, ["stop"]);
+        assert!(Answer::of(br#"{"model":"unterminated"#, false)
+            .model
+            .is_none());
     }
 }

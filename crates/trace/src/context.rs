@@ -54,6 +54,15 @@ impl SpanId {
     }
 }
 
+impl TraceId {
+    /// Lower-case hex, 32 characters, without the formatting machinery (once per request).
+    pub fn to_hex(&self) -> String {
+        let mut out = [0u8; 32];
+        encode_hex(&self.0, &mut out);
+        as_str(&out).to_owned()
+    }
+}
+
 impl fmt::Display for TraceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut out = [0u8; 32];
@@ -397,6 +406,7 @@ mod tests {
     fn the_spec_example_parses_and_formats_back() {
         let c = parse_traceparent(EXAMPLE.as_bytes()).unwrap();
         assert_eq!(c.trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(c.trace_id.to_hex(), c.trace_id.to_string());
         assert_eq!(c.span_id.to_string(), "00f067aa0ba902b7");
         assert!(c.is_sampled() && c.is_remote);
         assert_eq!(c.traceparent().as_str(), EXAMPLE);

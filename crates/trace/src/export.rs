@@ -292,7 +292,7 @@ impl Exporter {
             name: "sluice",
             version: env!("CARGO_PKG_VERSION"),
         };
-        encode_request(
+        let start = encode_request(
             &mut self.buf,
             &self.resource,
             &scope,
@@ -300,7 +300,8 @@ impl Exporter {
         );
         self.batch.clear();
         let len = self.buf.len();
-        let body = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(len)));
+        let body =
+            Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(len))).slice(start..);
         let result = tokio::time::timeout(self.settings.timeout, self.post(body)).await;
         let outcome = match result {
             Ok(r) => r,

@@ -211,10 +211,10 @@ impl Span {
 
 /// Sets `key` in `attrs` (replacing an earlier value, as OpenTelemetry does), within the limit.
 fn set_attribute(attrs: &mut Vec<(Key, Value)>, dropped: &mut u32, key: Key, value: Value) {
-    if let Some(slot) = attrs
-        .iter_mut()
-        .find(|(k, _)| std::ptr::eq(*k, key) || *k == key)
-    {
+    // Lengths first: a span's ~25 keys are mostly of different lengths, and this runs for each.
+    if let Some(slot) = attrs.iter_mut().find(|(k, _)| {
+        k.len() == key.len() && (std::ptr::eq(k.as_ptr(), key.as_ptr()) || *k == key)
+    }) {
         slot.1 = value;
     } else if attrs.len() < MAX_ATTRIBUTES {
         attrs.push((key, value));
@@ -230,6 +230,16 @@ pub struct SpanBuilder {
     context: SpanContext,
     state: Option<TraceState>,
     record: Option<Box<Span>>,
+    /// A one-word filter of the keys set so far: a key whose bit is clear is new and is pushed
+    /// without searching the ~25 already there.
+    keys: u64,
+}
+
+/// A key's bit in [`SpanBuilder::keys`], from its length and last byte (the conventions' names
+/// differ there far more often than in their first bytes).
+fn key_bit(key: Key) -> u64 {
+    let last = key.as_bytes().last().copied().unwrap_or(0) as usize;
+    1 << ((key.len() * 13 + last) & 63)
 }
 
 impl SpanBuilder {
@@ -239,6 +249,7 @@ impl SpanBuilder {
             context,
             state,
             record: None,
+            keys: 0,
         }
     }
 
@@ -271,6 +282,7 @@ impl SpanBuilder {
             context,
             state,
             record: Some(record),
+            keys: 0,
         }
     }
 
@@ -312,26 +324,28 @@ impl SpanBuilder {
 
     /// Sets an attribute (an earlier value under the same key is replaced).
     pub fn set(&mut self, key: Key, value: impl Into<Value>) {
-        if let Some(r) = &mut self.record {
-            set_attribute(
-                &mut r.attributes,
-                &mut r.dropped_attributes,
-                key,
-                value.into(),
-            );
+        if self.record.is_some() {
+            self.put(key, value.into());
         }
     }
 
     /// Sets an attribute whose value costs something to build (a `format!`, a copy): `value`
     /// runs only when the span records.
     pub fn set_with<V: Into<Value>>(&mut self, key: Key, value: impl FnOnce() -> V) {
-        if let Some(r) = &mut self.record {
-            set_attribute(
-                &mut r.attributes,
-                &mut r.dropped_attributes,
-                key,
-                value().into(),
-            );
+        if self.record.is_some() {
+            self.put(key, value().into());
+        }
+    }
+
+    fn put(&mut self, key: Key, value: Value) {
+        let Some(r) = &mut self.record else { return };
+        let bit = key_bit(key);
+        let new = self.keys & bit == 0;
+        self.keys |= bit;
+        if new && r.attributes.len() < MAX_ATTRIBUTES {
+            r.attributes.push((key, value));
+        } else {
+            set_attribute(&mut r.attributes, &mut r.dropped_attributes, key, value);
         }
     }
 
@@ -361,12 +375,7 @@ impl SpanBuilder {
     pub fn set_error(&mut self, error_type: impl Into<Str>, message: impl Into<Str>) {
         if let Some(r) = &mut self.record {
             r.status = Status::Error(message.into());
-            set_attribute(
-                &mut r.attributes,
-                &mut r.dropped_attributes,
-                crate::semconv::ERROR_TYPE,
-                Value::Str(error_type.into()),
-            );
+            self.put(crate::semconv::ERROR_TYPE, Value::Str(error_type.into()));
         }
     }
 

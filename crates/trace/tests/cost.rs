@@ -4,14 +4,34 @@
 //! A measurement, not a check: run it in release,
 //! `cargo test --release -p sluice-trace --test cost -- --ignored --nocapture`.
 
+use sluice_trace::otlp::{encode_request, encode_resource, Scope};
 use sluice_trace::semconv as sc;
-use sluice_trace::{extract, now_unix_nanos, SamplerKind, Tracer, TracingConfig};
+use sluice_trace::{
+    extract, now_unix_nanos, SamplerKind, Span, SpanBuilder, Tracer, TracingConfig,
+};
 use std::time::{Duration, Instant};
 
 const PARENT: &[u8] = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 /// One request's tracing work; `sampled` picks the caller's flag.
 fn request(t: &Tracer, parent: &[u8]) -> usize {
+    let (server, client, n) = spans_of(t, parent);
+    t.end(client, now_unix_nanos());
+    t.end(server, now_unix_nanos());
+    n
+}
+
+/// A sampled request's two spans as the exporter receives them.
+fn sampled_spans(t: &Tracer) -> Vec<Span> {
+    let (server, client, _) = spans_of(t, PARENT);
+    vec![
+        server.span().unwrap().clone(),
+        client.span().unwrap().clone(),
+    ]
+}
+
+/// The request path's work up to ending the spans.
+fn spans_of(t: &Tracer, parent: &[u8]) -> (SpanBuilder, SpanBuilder, usize) {
     let incoming = extract(Some(parent), [b"congo=t61rcWkgMzE".as_slice()]);
     let mut server = t.start_server(incoming.as_ref(), "chat", now_unix_nanos());
     let mut client = t.start_client(&server, "request", now_unix_nanos());
@@ -33,7 +53,7 @@ fn request(t: &Tracer, parent: &[u8]) -> usize {
         client.set(sc::GEN_AI_USAGE_OUTPUT_TOKENS, 256u64);
         client.set(sc::HTTP_RESPONSE_STATUS_CODE, 200u16);
     }
-    let trace_id = server.context().trace_id.to_string();
+    let trace_id = server.context().trace_id.to_hex();
     if server.is_recording() {
         server.set_name(sc::span_name(sc::OP_CHAT, "llama-3-70b"));
         server.set(sc::HTTP_REQUEST_METHOD, "POST");
@@ -62,9 +82,7 @@ fn request(t: &Tracer, parent: &[u8]) -> usize {
         server.set(sc::SLUICE_MAX_TOKENS_APPLIED, 256i64);
         server.set(sc::SLUICE_MODEL_ROUTED, "llama-3-70b".to_string());
     }
-    t.end(client, now_unix_nanos());
-    t.end(server, now_unix_nanos());
-    trace_id.len() + header.len()
+    (server, client, trace_id.len() + header.len())
 }
 
 fn per_request(t: &Tracer, parent: &[u8], n: u32, drain: &dyn Fn()) -> Duration {
@@ -107,42 +125,27 @@ async fn the_request_paths_cost() {
     println!(
         "per request: sampled {sampled:?} (SERVER 25 + CLIENT 13 attributes), unsampled {not:?}"
     );
-    // The proxy's `Answer::of`, on a sampled proxied request: the answer's model and finish
-    // reasons from a 2 KiB non-streamed completion (the same typed parse).
-    #[derive(serde::Deserialize)]
-    struct Body {
-        model: Option<String>,
-        #[serde(default)]
-        choices: Vec<Choice>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Choice {
-        #[serde(default)]
-        index: u64,
-        finish_reason: Option<String>,
-    }
-    let answer = serde_json::json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
-        "model": "llama-3-70b", "choices": [{"index": 0, "finish_reason": "length",
-        "message": {"role": "assistant", "content": "sluice ".repeat(290)}}],
-        "usage": {"prompt_tokens": 42, "completion_tokens": 256, "total_tokens": 298}})
-    .to_string();
+    // The exporter's share, off the request path but on the same cores: encoding a batch of
+    // 512 spans (256 requests' SERVER and CLIENT) into one export request.
+    let spans = sampled_spans(&t);
+    let batch: Vec<&Span> = spans.iter().cycle().take(512).collect();
+    let resource = encode_resource(&[("service.name".into(), "sluice".into())]);
+    let scope = Scope {
+        name: "sluice",
+        version: "0",
+    };
+    let mut buf = Vec::new();
+    let rounds = 2_000;
     let start = Instant::now();
-    let mut found = 0;
-    for _ in 0..100_000 {
-        let b: Body = serde_json::from_str(std::hint::black_box(&answer)).unwrap();
-        found += b.model.map_or(0, |m| m.len()) + b.choices.len();
-        found += b
-            .choices
-            .iter()
-            .filter_map(|c| c.finish_reason.as_ref())
-            .count();
-        found += b.choices.iter().map(|c| c.index as usize).sum::<usize>();
+    let mut bytes = 0;
+    for _ in 0..rounds {
+        let at = encode_request(&mut buf, &resource, &scope, batch.iter().copied());
+        bytes += buf.len() - at;
     }
-    assert!(found > 0);
     println!(
-        "the answer's model and finish reasons from a {} B completion: {:?}",
-        answer.len(),
-        start.elapsed() / 100_000
+        "encoding for export: {:?} a request ({} B a request)",
+        start.elapsed() / (rounds * 256),
+        bytes / (rounds as usize * 256)
     );
     assert_eq!(
         t.stats()
