@@ -45,6 +45,8 @@ struct Outcome {
     /// Role chunks received: more than one would be a second attempt spliced into the stream.
     starts: usize,
     error: Option<String>,
+    /// `x-sluice-retry-denied`: why a failed attempt's answer was not sent elsewhere.
+    retry_denied: Option<String>,
 }
 
 fn body(index: usize, stream: bool, max_tokens: u64) -> Value {
@@ -79,6 +81,7 @@ async fn send(
         events: 0,
         starts: 0,
         error: None,
+        retry_denied: None,
     };
     let r = c
         .post(&url)
@@ -95,6 +98,11 @@ async fn send(
         }
     };
     out.status = r.status().as_u16();
+    out.retry_denied = r
+        .headers()
+        .get("x-sluice-retry-denied")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let mut text = Vec::new();
     loop {
         match r.chunk().await {
@@ -516,6 +524,20 @@ async fn a_fleet_wide_503_is_not_multiplied_past_the_budget() {
     assert!(
         pool["retries_denied"]["budget"].as_u64() >= Some(n as u64 - limit),
         "{pool}"
+    );
+    // The client is told why the replica's 503 reached it: its decision says why it was
+    // admitted, not why it was not sent elsewhere.
+    let told = |why: &str| {
+        outage
+            .iter()
+            .filter(|o| o.retry_denied.as_deref() == Some(why))
+            .count() as u64
+    };
+    assert!(told("budget") >= n as u64 - limit, "{outage:?}");
+    assert_eq!(
+        told("budget") + told("no_replica") + told("limit"),
+        n as u64,
+        "{outage:?}"
     );
     println!(
         "fleet-wide 503: {n} requests, {attempts} upstream attempts ({retries} retries, limit {limit}), \

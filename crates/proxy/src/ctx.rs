@@ -74,6 +74,9 @@ pub struct Ctx {
     /// A retry granted in `upstream_response_filter` (a 502/503/504 answer), which
     /// `error_while_proxy` then carries out.
     pub retry_granted: bool,
+    /// Why a failed attempt's answer went to the client instead of another replica: named in
+    /// `x-sluice-retry-denied`, since the decision's reason says why it was admitted.
+    pub retry_denied: Option<sluice_runtime::pools::RetryDenied>,
     pub overhead: Option<Duration>,
     pub first_byte: Option<Instant>,
     /// When the last response chunk went out: a stream's last token.

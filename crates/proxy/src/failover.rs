@@ -115,6 +115,7 @@ pub fn on_failure(
         }
         Err(why) => {
             h.stats.denied(why);
+            ctx.retry_denied = Some(why);
             false
         }
     }

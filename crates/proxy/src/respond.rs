@@ -35,8 +35,8 @@ pub fn request_id_value(ctx: &Ctx) -> Result<HeaderValue> {
 }
 
 /// The most headers [`decision_headers`] adds (request id, decision, reason, tier, pool, queue
-/// wait), quota headers aside.
-pub const DECISION_HEADERS: usize = 6;
+/// wait, a denied retry), quota headers aside.
+pub const DECISION_HEADERS: usize = 7;
 
 /// Sets the decision headers on any response Sluice forwards or makes.
 pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
@@ -67,6 +67,9 @@ pub fn decision_headers(resp: &mut ResponseHeader, ctx: &Ctx) -> Result<()> {
     }
     if let (Some(pool), Some(_)) = (ctx.pool_label, &ctx.backend) {
         resp.insert_header_static("x-sluice-pool", fixed(pool));
+    }
+    if let Some(why) = ctx.retry_denied {
+        resp.insert_header_static("x-sluice-retry-denied", fixed(why.as_str()));
     }
     if let Some(q) = ctx.queued_for {
         let wait = HeaderValue::from_str(&format!("{:.1}", q.as_secs_f64() * 1000.0))
