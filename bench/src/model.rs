@@ -19,7 +19,7 @@ use sluice_policy::{
 };
 use sluice_runtime::signals::vllm_text::{DelaySpan, Histogram, QueueStall};
 
-use crate::model_queue::{Joined, TierQueue, Waiting};
+use crate::model_queue::{Joined, Lent, TierQueue, Waiting};
 use crate::record::{Mode, RequestRecord, Run, Sample};
 use crate::scenario::{Arrival, EventKind, KvReserve, Scenario, SimParams};
 
@@ -45,6 +45,8 @@ struct Job {
     first_token: bool,
     /// The Sluice tier slot this job holds, released when it ends.
     slot: Option<Tier>,
+    /// What its admission was charged (fair share), given back with the slot.
+    lent: Option<Lent>,
     /// When it joined the engine's waiting queue.
     queued_at: f64,
     /// The pool whose admission controller hears of its end (Sluice runs).
@@ -234,6 +236,17 @@ struct Proxy {
     fail_needed: usize,
     ok_needed: usize,
     sla_window_ms: Option<f64>,
+}
+
+impl Proxy {
+    /// A request holding a slot of `tier` ended: with fair share its charge is service had and
+    /// the slot may be kept for its tenant's next request; otherwise it frees.
+    fn give_back(&mut self, tier: Tier, lent: Option<Lent>, now: f64) {
+        let kept = lent.is_some_and(|l| self.queues[tier.index()].release(l, now));
+        if !kept {
+            self.inflight[tier.index()] -= 1;
+        }
+    }
 }
 
 pub struct ModelInput<'a> {
@@ -494,7 +507,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                         fallback: false,
                         signal_pool: usize::from(spot),
                     };
-                    if !dispatch(&mut engines, pos, a, t, None, rec, now) {
+                    if !dispatch(&mut engines, pos, a, t, (None, None), rec, now) {
                         open -= 1;
                     }
                 }
@@ -552,7 +565,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                         open -= 1;
                         if let Some(p) = proxy.as_mut() {
                             if let Some(tier) = job.slot {
-                                p.inflight[tier.index()] -= 1;
+                                p.give_back(tier, job.lent, end);
                             }
                             let served = Outcome::served(end as u64, r.tier, r.latency_ms)
                                 .with_tokens(Some(job.tokens));
@@ -569,11 +582,16 @@ pub fn run(input: ModelInput<'_>) -> Run {
         // Slots freed this step go to queued requests (fair share between tenants or FIFO).
         if let Some(p) = proxy.as_mut() {
             for tier in Tier::ALL {
+                // Slots kept for a tenant whose next request did not come in the grace.
+                let lapsed = p.queues[tier.index()].expire_kept(now);
+                p.inflight[tier.index()] -= lapsed;
                 let cap = p.rules.tier(tier).inflight_capacity;
                 while !p.queues[tier.index()].is_empty()
                     && (cap == 0 || p.inflight[tier.index()] < cap)
                 {
-                    let Some(Waiting { item: x, .. }) = p.queues[tier.index()].pop_next(now) else {
+                    let Some((Waiting { item: x, .. }, lent)) =
+                        p.queues[tier.index()].pop_next(now)
+                    else {
                         break;
                     };
                     p.inflight[tier.index()] += 1;
@@ -582,8 +600,9 @@ pub fn run(input: ModelInput<'_>) -> Run {
                     r.reason = Reason::QueueReleased.as_str().into();
                     r.queue_wait_ms = Some(now - x.enqueued);
                     let a = &arrivals[x.rec];
-                    if !dispatch(&mut engines, x.rec, a, x.target, Some(tier), r, now) {
-                        p.inflight[tier.index()] -= 1;
+                    let slot = (Some(tier), lent.clone());
+                    if !dispatch(&mut engines, x.rec, a, x.target, slot, r, now) {
+                        p.give_back(tier, lent, now);
                         open -= 1;
                     }
                 }
@@ -677,13 +696,25 @@ fn arrive(
     let weight = p.weights.get(&a.tenant).copied().unwrap_or(1.0);
     let charge = sluice_policy::fair::charge_of(a.prompt_tokens + tokens, weight);
     let q = &mut p.queues[tier.index()];
-    if cap == 0 || (p.inflight[tier.index()] < cap && q.is_empty()) {
-        p.inflight[tier.index()] += 1;
-        q.charge(&a.tenant, charge, now);
-        if dispatch(engines, pos, a, target, Some(tier), rec, now) {
+    // A slot kept for its tenant (fair share) is already counted.
+    let kept = q.take_kept(&a.tenant, now);
+    if kept || cap == 0 || (p.inflight[tier.index()] < cap && q.is_empty()) {
+        if !kept {
+            p.inflight[tier.index()] += 1;
+        }
+        let lent = q.charge(&a.tenant, charge, now);
+        if dispatch(
+            engines,
+            pos,
+            a,
+            target,
+            (Some(tier), lent.clone()),
+            rec,
+            now,
+        ) {
             return true;
         }
-        p.inflight[tier.index()] -= 1;
+        p.give_back(tier, lent, now);
         return false;
     }
     if d.queue_eligible {
@@ -747,7 +778,7 @@ fn dispatch(
     pos: usize,
     a: &Arrival,
     t: Target,
-    slot: Option<Tier>,
+    (slot, lent): (Option<Tier>, Option<Lent>),
     rec: &mut RequestRecord,
     now: f64,
 ) -> bool {
@@ -781,6 +812,7 @@ fn dispatch(
         decode_left: 0.0,
         first_token: false,
         slot,
+        lent,
         queued_at: now,
         signal_pool: t.signal_pool,
     });

@@ -1,6 +1,8 @@
 //! The in-process coordinator: exact within one replica. A released slot is handed directly to
 //! the next waiter (so waiters are woken rather than polling): the queued tenant with the least
-//! weighted service (see [`fair`](super::fair)), FIFO within a tenant.
+//! weighted service (see [`fair`](super::fair)), FIFO within a tenant — or, with fair share, kept
+//! for a short grace for the next request of the tenant that freed it when that tenant is owed
+//! it and has nobody waiting (`fair`'s hold rule).
 
 use super::{Admission, AdmissionControl, Claim, FairShareSettings, QueueParams, Slot};
 use super::{TenantShare, TierAdmission};
@@ -9,7 +11,7 @@ use sluice_policy::fair::{self, FairShare};
 use sluice_policy::{Reason, Tier};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// Origin of the fair-share clock (any monotonic origin will do).
@@ -27,6 +29,13 @@ struct Waiter {
     tx: oneshot::Sender<Slot>,
 }
 
+/// What an admission was charged, given back when its slot is released.
+struct Charged {
+    tenant: String,
+    charge: f64,
+    at_ms: u64,
+}
+
 struct TierSlots {
     inflight: u64,
     capacity: u32,
@@ -36,6 +45,9 @@ struct TierSlots {
     queued: usize,
     /// `None`: plain FIFO across tenants.
     fair: Option<FairShare>,
+    /// Slots kept for a tenant's next request (tenant, id); counted in `inflight`.
+    kept: Vec<(String, u64)>,
+    next_kept: u64,
 }
 
 impl TierSlots {
@@ -49,6 +61,8 @@ impl TierSlots {
             fair: settings
                 .enabled
                 .then(|| FairShare::new(settings.half_life_ms)),
+            kept: Vec::new(),
+            next_kept: 0,
         }
     }
 
@@ -56,10 +70,16 @@ impl TierSlots {
         self.fair.as_ref().map_or(0.0, |f| f.value(tenant))
     }
 
-    fn charge(&mut self, tenant: &str, charge: f64) {
-        if let Some(f) = self.fair.as_mut() {
-            f.charge(tenant, charge, now_ms());
-        }
+    /// Charges an admission; what to give back when its slot is released.
+    fn charge(&mut self, tenant: &str, charge: f64) -> Option<Charged> {
+        let f = self.fair.as_mut()?;
+        let at_ms = now_ms();
+        f.charge(tenant, charge, at_ms);
+        Some(Charged {
+            tenant: tenant.to_string(),
+            charge,
+            at_ms,
+        })
     }
 
     fn enqueue(&mut self, tenant: &str, waiter: Waiter) {
@@ -74,6 +94,37 @@ impl TierSlots {
             .or_default()
             .push_back(waiter);
         self.queued += 1;
+    }
+
+    /// An admitted request ended: its charge is service had, and its slot is kept for its
+    /// tenant's next request when the tenant is owed it. Returns the kept slot's id and grace.
+    fn finish(&mut self, c: &Charged) -> Option<(u64, Duration)> {
+        let over = self.capacity != 0 && self.inflight > u64::from(self.capacity);
+        let f = self.fair.as_mut()?;
+        f.finish(&c.tenant, c.charge);
+        // Over a lowered capacity the slot is not the tier's to keep.
+        if over || self.waiting.contains_key(&c.tenant) {
+            return None;
+        }
+        let lowest = self
+            .waiting
+            .keys()
+            .map(|t| f.value(t))
+            .min_by(f64::total_cmp);
+        let now = now_ms();
+        let grace = f.keep(&c.tenant, now.saturating_sub(c.at_ms), lowest, now)?;
+        self.next_kept += 1;
+        self.kept.push((c.tenant.clone(), self.next_kept));
+        Some((self.next_kept, Duration::from_millis(grace)))
+    }
+
+    /// Takes a slot kept for `tenant`, if there is one.
+    fn take_kept(&mut self, tenant: &str) -> bool {
+        let Some(i) = self.kept.iter().position(|(t, _)| t == tenant) else {
+            return false;
+        };
+        self.kept.swap_remove(i);
+        true
     }
 
     /// The next waiter by fair share (or arrival, without it), removed from the queue.
@@ -150,20 +201,63 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    fn slot(self: &Arc<Self>, tier: Tier) -> Slot {
+    fn slot(self: &Arc<Self>, tier: Tier, charged: Option<Charged>) -> Slot {
         let inner = Arc::clone(self);
-        Slot::new(move || inner.release(tier))
+        Slot::new(move || inner.release(tier, charged))
     }
 
-    fn release(self: &Arc<Self>, tier: Tier) {
+    fn release(self: &Arc<Self>, tier: Tier, charged: Option<Charged>) {
+        if let Some(c) = charged {
+            let kept = {
+                let mut t = self.lock(tier);
+                let kept = t.finish(&c);
+                // Only where a timer can give it back.
+                match (kept, tokio::runtime::Handle::try_current()) {
+                    (Some((id, grace)), Ok(rt)) => Some((id, grace, rt)),
+                    (Some((id, _)), Err(_)) => {
+                        t.kept.retain(|(_, k)| *k != id);
+                        None
+                    }
+                    (None, _) => None,
+                }
+            };
+            if let Some((id, grace, rt)) = kept {
+                let inner = Arc::clone(self);
+                rt.spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    inner.unkeep(tier, id);
+                });
+                return;
+            }
+        }
+        self.hand_on(tier);
+    }
+
+    /// A kept slot's grace ended: if its tenant did not take it, it goes on.
+    fn unkeep(self: &Arc<Self>, tier: Tier, id: u64) {
+        {
+            let mut t = self.lock(tier);
+            let Some(i) = t.kept.iter().position(|(_, k)| *k == id) else {
+                return;
+            };
+            let (tenant, _) = t.kept.swap_remove(i);
+            if let Some(f) = t.fair.as_mut() {
+                f.unused(&tenant);
+            }
+        }
+        self.hand_on(tier);
+    }
+
+    /// A slot freed: to the next waiter, or back to the tier.
+    fn hand_on(self: &Arc<Self>, tier: Tier) {
         loop {
-            let (tenant, waiter) = {
+            let (tenant, waiter, charged) = {
                 let mut t = self.lock(tier);
                 let over = t.capacity != 0 && t.inflight > u64::from(t.capacity);
                 match t.pop_next() {
                     Some((tenant, w)) if !over => {
-                        t.charge(&tenant, w.charge);
-                        (tenant, w)
+                        let charged = t.charge(&tenant, w.charge);
+                        (tenant, w, charged)
                     }
                     other => {
                         if let Some((tenant, w)) = other {
@@ -176,7 +270,7 @@ impl Inner {
                     }
                 }
             };
-            match waiter.tx.send(self.slot(tier)) {
+            match waiter.tx.send(self.slot(tier, charged)) {
                 Ok(()) => return,
                 // The waiter is gone: take the slot back (without releasing), refund the
                 // charge and try the next.
@@ -230,12 +324,18 @@ impl AdmissionControl for LocalAdmission {
         let (id, rx, max_wait) = {
             let mut t = self.inner.lock(tier);
             t.capacity = capacity;
-            if capacity == 0 || (t.inflight < u64::from(capacity) && t.queued == 0) {
-                t.inflight += 1;
-                t.charge(claim.tenant, charge);
+            if let Some(f) = t.fair.as_mut() {
+                f.arrive(claim.tenant, now_ms());
+            }
+            let kept = t.take_kept(claim.tenant);
+            if kept || capacity == 0 || (t.inflight < u64::from(capacity) && t.queued == 0) {
+                if !kept {
+                    t.inflight += 1;
+                }
+                let charged = t.charge(claim.tenant, charge);
                 drop(t);
                 return Admission::Admitted {
-                    slot: self.inner.slot(tier),
+                    slot: self.inner.slot(tier, charged),
                     queued_for: None,
                     fail_open: false,
                 };
@@ -503,6 +603,59 @@ mod tests {
             Reason::QueueDropped
         );
         drop(light);
+    }
+
+    fn claim_of(tenant: &str, cost_tokens: u64) -> Claim<'_> {
+        Claim {
+            tenant,
+            weight: 1.0,
+            cost_tokens,
+        }
+    }
+
+    /// The slot a tenant owed the next one frees is kept for its next request for a quarter of
+    /// the time it was held, while another tenant waits; unused, it goes to that waiter.
+    #[tokio::test]
+    async fn a_freed_slot_is_kept_for_the_tenant_owed_it_then_handed_on() {
+        let a = LocalAdmission::new();
+        // Big has been served more than small: small is owed the next slot.
+        drop(admitted(
+            a.admit_as(Tier::Standard, 1, None, &claim_of("big", 1000))
+                .await,
+        ));
+        let held = admitted(
+            a.admit_as(Tier::Standard, 1, None, &claim_of("small", 100))
+                .await,
+        );
+        let a2 = a.clone();
+        let big = tokio::spawn(async move {
+            let s = admitted(
+                a2.admit_as(Tier::Standard, 1, q(10, 5000), &claim_of("big", 1000))
+                    .await,
+            );
+            (Instant::now(), s)
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(a.status(Tier::Standard).queued, 1);
+        drop(held);
+        // Small's next request comes within the grace (~100 ms) and goes ahead of big's.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let held = admitted(
+            a.admit_as(Tier::Standard, 1, q(10, 5000), &claim_of("small", 100))
+                .await,
+        );
+        assert!(!big.is_finished(), "big waits");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        drop(held);
+        let freed = Instant::now();
+        // Nobody of small's comes: big has it after the grace.
+        let (at, _slot) = big.await.unwrap();
+        let after = at.duration_since(freed);
+        assert!(
+            after >= Duration::from_millis(50) && after < Duration::from_millis(1000),
+            "handed on {after:?} after the release"
+        );
+        assert_eq!(a.status(Tier::Standard).inflight, 1);
     }
 
     #[tokio::test]

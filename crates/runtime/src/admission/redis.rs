@@ -13,7 +13,11 @@
 //! rules of [`fair`](sluice_policy::fair)), otherwise the oldest waiter — the same order on every
 //! replica, since it is decided inside the claim script. Waiters poll (`queue.poll_seconds`); one
 //! that gives up or whose client leaves removes its entry, and the entry of a waiter whose
-//! replica died drops out at its deadline (≤ `queue.max_wait_seconds`).
+//! replica died drops out at its deadline (≤ `queue.max_wait_seconds`). With fair share, each
+//! charged slot notes its charge (`lent`), given back when it is released, and a released slot
+//! may stay in `slots` for a short grace, kept for its tenant's next request (`kept`; the hold
+//! rule of [`fair`](sluice_policy::fair)): that request takes it in the admit script, and
+//! unclaimed it lapses like a lease, without counting as one reclaimed.
 //!
 //! **Leases.** A slot is not a counter but a lease that its replica renews every
 //! `lease / 3` while the request (a whole SSE stream included) runs. Every script that counts
@@ -88,7 +92,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     admit: Script::new(lua!("admit.lua")),
     enqueue: Script::new(lua!("enqueue.lua")),
     claim: Script::new(lua!("claim.lua")),
-    release: Script::new(include_str!("lua/release.lua")),
+    release: Script::new(lua!("release.lua")),
     leave: Script::new(lua!("leave.lua")),
     renew: Script::new(lua!("renew.lua")),
     status: Script::new(lua!("status.lua")),
@@ -162,6 +166,10 @@ struct TierKeys {
     vtc_last: String,
     before: String,
     credits: String,
+    vtc_ahead: String,
+    lent: String,
+    kept: String,
+    vtc_keep: String,
 }
 
 impl TierKeys {
@@ -181,6 +189,10 @@ impl TierKeys {
             vtc_last: k("vtc_last"),
             before: k("before"),
             credits: k("credits"),
+            vtc_ahead: k("vtc_ahead"),
+            lent: k("lent"),
+            kept: k("kept"),
+            vtc_keep: k("vtc_keep"),
             base,
         }
     }
@@ -199,7 +211,11 @@ impl TierKeys {
             .key(&self.pushed)
             .key(&self.vtc_last)
             .key(&self.before)
-            .key(&self.credits);
+            .key(&self.credits)
+            .key(&self.vtc_ahead)
+            .key(&self.lent)
+            .key(&self.kept)
+            .key(&self.vtc_keep);
     }
 
     /// A per-tier script's keys and its first argument, the key base.
@@ -608,16 +624,13 @@ impl Inner {
     }
 
     async fn release(&self, tier: Tier, member: &str) {
-        let mut inv = SCRIPTS.release.prepare_invoke();
-        inv.key(&self.keys[tier.index()].slots).arg(member);
-        // On failure the lease, no longer renewed, expires by itself.
-        let _ = self.call::<i64>(&inv).await;
+        self.release_many(&[(tier, member.to_string())]).await;
     }
 
     /// Gives a slot back through the release batcher: releases that come while one batch is on
-    /// the wire leave together in the next (one round trip for all of them, and no added wait
-    /// when only one is pending). A release is `ZREM`, as in `release.lua`: giving back a
-    /// lease that was already reclaimed is a no-op.
+    /// the wire leave together in the next (one round trip per tier for all of them, and no
+    /// added wait when only one is pending). Giving back a lease that was already reclaimed is
+    /// a no-op (`release.lua`).
     fn queue_release(self: &Arc<Self>, tier: Tier, member: String) {
         let tx = self.releases.get_or_init(|| {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -633,27 +646,24 @@ impl Inner {
         let _ = tx.send((tier, member));
     }
 
+    /// One script call per tier: it gives the charges back and may keep a slot for its
+    /// tenant's next request, which a plain `ZREM` could not.
     async fn release_many(&self, batch: &[(Tier, String)]) {
-        let mut pipe = redis::pipe();
+        let fair_flag = if self.fair.enabled { "1" } else { "0" };
         for tier in Tier::ALL {
             let members: Vec<&str> = batch
                 .iter()
                 .filter(|(t, _)| *t == tier)
                 .map(|(_, m)| m.as_str())
                 .collect();
-            if !members.is_empty() {
-                pipe.cmd("ZREM")
-                    .arg(&self.keys[tier.index()].slots)
-                    .arg(members)
-                    .ignore();
+            if members.is_empty() {
+                continue;
             }
+            let mut inv = self.keys[tier.index()].invoke(&SCRIPTS.release);
+            inv.arg(fair_flag).arg(members);
+            // On failure the leases, no longer renewed, expire by themselves.
+            let _ = self.call::<i64>(&inv).await;
         }
-        let pipe = &pipe;
-        // On failure the leases, no longer renewed, expire by themselves.
-        let _ = self
-            .link
-            .bounded(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
-            .await;
     }
 
     async fn leave(&self, tier: Tier, waiter: &str) {
@@ -1040,6 +1050,23 @@ mod tests {
             r
         }
 
+        /// Releases `member` as a replica does, fair share on: the lease was still held (1) or
+        /// not (0).
+        async fn release(&mut self, k: &TierKeys, member: &str) -> i64 {
+            let mut inv = k.invoke(&SCRIPTS.release);
+            inv.arg("1").arg(member);
+            inv.invoke_async(&mut self.conn).await.unwrap()
+        }
+
+        async fn hget(&mut self, key: &str, field: &str) -> Option<String> {
+            redis::cmd("HGET")
+                .arg(key)
+                .arg(field)
+                .query_async(&mut self.conn)
+                .await
+                .unwrap()
+        }
+
         async fn claim(&mut self, k: &TierKeys, waiter: &str, cap: u32, member: &str) -> i64 {
             let mut inv = k.invoke(&SCRIPTS.claim);
             inv.arg(waiter).arg(cap).arg(member).arg(5000).arg("1");
@@ -1106,12 +1133,12 @@ mod tests {
         assert_eq!(ns.admit(&k, 2, "r:3", 5000).await, (0, 0), "at capacity");
         assert_eq!(ns.zcard(&k.slots).await, 2);
 
-        let mut inv = SCRIPTS.release.prepare_invoke();
-        inv.key(&k.slots).arg("r:1");
-        let removed: i64 = inv.invoke_async(&mut ns.conn).await.unwrap();
-        assert_eq!(removed, 1);
-        let removed: i64 = inv.invoke_async(&mut ns.conn).await.unwrap();
-        assert_eq!(removed, 0, "a second release frees nothing");
+        assert_eq!(ns.release(&k, "r:1").await, 1);
+        assert_eq!(
+            ns.release(&k, "r:1").await,
+            0,
+            "a second release frees nothing"
+        );
 
         // Room again, but a waiter is ahead: a newcomer must not overtake it.
         assert_eq!(ns.enqueue(&k, "w:1", 10, 5000).await, 1);
@@ -1151,9 +1178,7 @@ mod tests {
             assert_eq!(ns.enqueue(&k, w, 10, 5000).await, 1);
         }
         assert_eq!(ns.claim(&k, "w:1", 1, "r:a").await, 0, "head, but no room");
-        let mut inv = SCRIPTS.release.prepare_invoke();
-        inv.key(&k.slots).arg("r:held");
-        let _: i64 = inv.invoke_async(&mut ns.conn).await.unwrap();
+        assert_eq!(ns.release(&k, "r:held").await, 1);
         assert_eq!(ns.claim(&k, "w:2", 1, "r:b").await, 0, "not the head");
         assert_eq!(ns.claim(&k, "w:1", 1, "r:a").await, 1);
         assert_eq!(ns.zcard(&k.queue).await, 2);
@@ -1317,10 +1342,12 @@ mod tests {
             ("g0", "gold", 800.0),
             ("h0", "heavy", 920.0),
             ("h1", "heavy", 920.0),
-            ("g1", "gold", 240.0),
         ] {
             assert_eq!(ns.admit_for(&k, 4, member, 5000, tenant, charge).await.0, 1);
         }
+        // Heavy's first request ended; its second still runs when gold's next comes.
+        assert_eq!(ns.release(&k, "h0").await, 1);
+        assert_eq!(ns.admit_for(&k, 4, "g1", 5000, "gold", 240.0).await.0, 1);
         assert_eq!(ns.enqueue_for(&k, "hw", 10, 5000, "heavy", 920.0).await, 1);
         assert_eq!(ns.enqueue_for(&k, "gw", 10, 5000, "gold", 240.0).await, 1);
         let score = |set: String, t: &'static str| {
@@ -1337,9 +1364,9 @@ mod tests {
         };
         assert_eq!(score(k.backlog.clone(), "gold").await, 1040.0, "not lifted");
         assert_eq!(score(k.before.clone(), "heavy").await, 920.0);
-        assert_eq!(ns.claim(&k, "hw", 5, "m1").await, 0, "gold's turn first");
-        assert_eq!(ns.claim(&k, "gw", 5, "m1").await, 1);
-        assert_eq!(ns.claim(&k, "hw", 6, "m2").await, 1);
+        assert_eq!(ns.claim(&k, "hw", 4, "m1").await, 0, "gold's turn first");
+        assert_eq!(ns.claim(&k, "gw", 4, "m1").await, 1);
+        assert_eq!(ns.claim(&k, "hw", 5, "m2").await, 1);
         assert_eq!(ns.zcard(&k.backlog).await, 0);
         assert_eq!(ns.zcard(&k.before).await, 0, "nobody waits any more");
     }
@@ -1359,23 +1386,28 @@ mod tests {
             let w = format!("l{i}");
             assert_eq!(ns.enqueue_for(&k, &w, 10, 5000, "light", 100.0).await, 1);
         }
-        // Each round frees the one slot and lets whoever may claim take it.
+        // Each round frees the one slot and lets whoever may claim take it (once the grace of
+        // a slot kept for light, whose last waiter has gone, has ended).
         let mut order = Vec::new();
         let mut held = "held".to_string();
         for round in 0..6 {
-            let mut inv = SCRIPTS.release.prepare_invoke();
-            inv.key(&k.slots).arg(&held);
-            let _: i64 = inv.invoke_async(&mut ns.conn).await.unwrap();
+            assert_eq!(ns.release(&k, &held).await, 1);
             let mut claimed = Vec::new();
-            for w in ["h0", "h1", "h2", "h3", "l0", "l1"] {
-                if order.contains(&w) {
-                    continue;
+            for _ in 0..50 {
+                for w in ["h0", "h1", "h2", "h3", "l0", "l1"] {
+                    if order.contains(&w) {
+                        continue;
+                    }
+                    let member = format!("m{round}-{w}");
+                    if ns.claim(&k, w, 1, &member).await == 1 {
+                        claimed.push(w);
+                        held = member;
+                    }
                 }
-                let member = format!("m{round}-{w}");
-                if ns.claim(&k, w, 1, &member).await == 1 {
-                    claimed.push(w);
-                    held = member;
+                if !claimed.is_empty() {
+                    break;
                 }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             assert_eq!(claimed.len(), 1, "exactly one claim per freed slot");
             order.extend(claimed);
@@ -1385,6 +1417,48 @@ mod tests {
         // then they alternate until light runs out.
         assert_eq!(order, ["l0", "h0", "l1", "h1", "h2", "h3"]);
         assert_eq!(ns.zcard(&k.backlog).await, 0, "nobody waits any more");
+    }
+
+    /// The scripts' side of fair.rs's hold rule: the slot a tenant owed the next one releases
+    /// with nobody of its own waiting is kept for its next request for a quarter of the time it
+    /// was held; unclaimed, it goes to the queue when the grace ends (not counted as a lease
+    /// reclaimed), and none is kept for that tenant until one of its requests comes in time.
+    #[tokio::test]
+    async fn a_released_slot_is_kept_for_the_tenant_owed_it() {
+        let mut ns = Ns::new().await;
+        let k = ns.keys(Tier::Standard);
+        assert_eq!(ns.admit_for(&k, 1, "b0", 5000, "big", 1000.0).await.0, 1);
+        assert_eq!(ns.release(&k, "b0").await, 1);
+        assert_eq!(ns.admit_for(&k, 1, "s0", 5000, "small", 100.0).await.0, 1);
+        assert_eq!(ns.enqueue_for(&k, "bw", 10, 5000, "big", 1000.0).await, 1);
+        assert_eq!(ns.hget(&k.vtc_ahead, "small").await.as_deref(), Some("100"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(ns.release(&k, "s0").await, 1);
+        assert_eq!(ns.hget(&k.kept, "s0").await.as_deref(), Some("small"));
+        assert_eq!(ns.hget(&k.vtc_ahead, "small").await, None, "service had");
+        assert_eq!(ns.claim(&k, "bw", 1, "b1").await, 0, "kept for small");
+        // Small's next request takes it at once, ahead of big's waiter.
+        assert_eq!(ns.admit_for(&k, 1, "s1", 5000, "small", 100.0).await.0, 1);
+        assert_eq!(ns.zcard(&k.slots).await, 1);
+        assert_eq!(ns.hget(&k.kept, "s0").await, None);
+        // Kept again; this time nobody of small's comes: big's waiter has it after the grace.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(ns.release(&k, "s1").await, 1);
+        assert_eq!(ns.claim(&k, "bw", 1, "b1").await, 0);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let mut inv = k.invoke(&SCRIPTS.claim);
+        inv.arg("bw").arg(1).arg("b1").arg(5000).arg("1");
+        let claimed: (i64, u64) = inv.invoke_async(&mut ns.conn).await.unwrap();
+        assert_eq!(claimed, (1, 0), "claimed, and no lease counted reclaimed");
+        assert!(ns
+            .hget(&k.vtc_keep, "small")
+            .await
+            .is_some_and(|s| s.ends_with(" 1")));
+        // A tenant with a waiter of its own keeps nothing: the waiter has it.
+        assert_eq!(ns.enqueue_for(&k, "bw2", 10, 5000, "big", 1000.0).await, 1);
+        assert_eq!(ns.release(&k, "b1").await, 1);
+        assert_eq!(ns.hget(&k.kept, "b1").await, None, "big still has a waiter");
+        assert_eq!(ns.claim(&k, "bw2", 1, "b2").await, 1);
     }
 
     fn settings(prefix: &str, url: &str) -> RedisSettings {

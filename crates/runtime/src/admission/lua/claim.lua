@@ -8,7 +8,7 @@
 local K = tier_keys(0)
 local base, waiter = ARGV[1], ARGV[2]
 local now = now_ms()
-local reclaimed = reclaim(K.slots, now)
+local reclaimed = reclaim(K, now)
 drop_expired(K, base, now)
 if not redis.call('ZSCORE', K.queue, waiter) then
   if redis.call('ZREM', K.pushed, waiter) == 1 then
@@ -26,8 +26,8 @@ end
 local tenant = redis.call('HGET', K.wt, waiter)
 local c = tonumber(redis.call('HGET', K.wc, waiter) or '1')
 forget_waiter(K, base, waiter)
-if tenant and ARGV[6] == '1' then
-  charge(K, tenant, c, now)
-end
 redis.call('ZADD', K.slots, now + tonumber(ARGV[5]), ARGV[4])
+if tenant and ARGV[6] == '1' then
+  charge(K, tenant, c, now, ARGV[4])
+end
 return {1, reclaimed}

@@ -7,7 +7,7 @@
 -- Returns the granted members (none when the tier is not far from its bound)
 local K = tier_keys(0)
 local now = now_ms()
-reclaim(K.slots, now)
+reclaim(K, now)
 drop_expired(K, ARGV[1], now)
 local capacity, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 if redis.call('ZCARD', K.queue) > 0

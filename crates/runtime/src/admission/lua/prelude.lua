@@ -6,13 +6,20 @@
 
 -- now_ms() comes from src/redis_clock.lua, prepended before this file.
 
--- slots: held leases; queue: every waiter by arrival; deadlines: when each gives up;
--- seq: arrival counter; backlog: waiting tenants by virtual token counter; vtc / vtc_at /
--- vtc_last: each tenant's counter, when it was last charged and by how much; before: waiting
--- tenants by their counter before their latest charge; wt / wc: each waiter's tenant and
--- charge; pushed: waiters pushed out of a full queue, until they notice; credits: each
--- replica's idle capacity credits (slots it leased and no request uses), as it last reported.
-local TIER_KEYS = 13
+-- slots: held leases (and slots kept for a tenant's next request, scored by when the grace
+-- ends); queue: every waiter by arrival; deadlines: when each gives up; seq: arrival counter;
+-- backlog: waiting tenants by virtual token counter; vtc / vtc_at / vtc_last: each tenant's
+-- counter, when it was last charged and by how much; vtc_ahead: the charges of its requests
+-- still running; before: waiting tenants by their counter less what it is ahead by (fair.rs:
+-- ahead_of); wt / wc: each waiter's tenant and charge; pushed: waiters pushed out of a full
+-- queue, until they notice; credits: each replica's idle capacity credits (slots it leased and
+-- no request uses), as it last reported; lent: each charged slot's charge, when it was taken
+-- and its tenant, given back when it is released; kept: slots kept for a tenant, by member;
+-- vtc_keep: each tenant's last request end, grace and whether a slot kept for it went unused.
+local TIER_KEYS = 17
+
+-- fair.rs: MAX_GRACE_MS.
+local MAX_GRACE_MS = 500
 
 local function tier_keys(offset)
   return {
@@ -20,7 +27,8 @@ local function tier_keys(offset)
     seq = KEYS[offset + 4], backlog = KEYS[offset + 5], vtc = KEYS[offset + 6],
     vtc_at = KEYS[offset + 7], wt = KEYS[offset + 8], wc = KEYS[offset + 9],
     pushed = KEYS[offset + 10], vtc_last = KEYS[offset + 11], before = KEYS[offset + 12],
-    credits = KEYS[offset + 13],
+    credits = KEYS[offset + 13], vtc_ahead = KEYS[offset + 14], lent = KEYS[offset + 15],
+    kept = KEYS[offset + 16], vtc_keep = KEYS[offset + 17],
   }
 end
 
@@ -30,12 +38,6 @@ end
 
 local function tenant_queue(base, tenant)
   return base .. ':tq:' .. tenant
-end
-
--- Leases nobody renewed in time belong to a replica that died or lost Redis: their capacity
--- goes back to the pool. Returns how many were reclaimed.
-local function reclaim(slots, now)
-  return redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
 end
 
 -- Removes a waiter from every structure; a tenant whose own queue empties stops waiting.
@@ -65,26 +67,148 @@ local function drop_expired(K, base, now)
   return #gone
 end
 
--- Charges a tenant an admission (fair.rs: FairShare::charge).
-local function charge(K, tenant, c, now)
-  local before = tonumber(redis.call('HGET', K.vtc, tenant) or '0')
-  local v = before + c
-  redis.call('HSET', K.vtc, tenant, num(v))
-  redis.call('HSET', K.vtc_at, tenant, now)
-  redis.call('HSET', K.vtc_last, tenant, num(c))
+local function hnum(key, field)
+  return tonumber(redis.call('HGET', key, field) or '0')
+end
+
+-- A waiting tenant's place in `before`: its counter less what it is ahead by (fair.rs: Floor).
+local function rebase(K, tenant)
   if redis.call('ZSCORE', K.backlog, tenant) then
-    redis.call('ZADD', K.backlog, num(v), tenant)
-    redis.call('ZADD', K.before, num(before), tenant)
+    local ahead = math.max(hnum(K.vtc_last, tenant), hnum(K.vtc_ahead, tenant))
+    redis.call('ZADD', K.before, num(hnum(K.vtc, tenant) - ahead), tenant)
   end
 end
 
+-- Charges a tenant an admission that takes slot `member` (fair.rs: FairShare::charge), and
+-- notes what to give back when the slot is released.
+local function charge(K, tenant, c, now, member)
+  local v = hnum(K.vtc, tenant) + c
+  redis.call('HSET', K.vtc, tenant, num(v))
+  redis.call('HSET', K.vtc_at, tenant, now)
+  redis.call('HSET', K.vtc_last, tenant, num(c))
+  redis.call('HSET', K.vtc_ahead, tenant, num(hnum(K.vtc_ahead, tenant) + c))
+  redis.call('HSET', K.lent, member, string.format('%s %d %s', num(c), now, tenant))
+  if redis.call('ZSCORE', K.backlog, tenant) then
+    redis.call('ZADD', K.backlog, num(v), tenant)
+    rebase(K, tenant)
+  end
+end
+
+-- A charged slot is given back (fair.rs: FairShare::finish): its charge is service had.
+-- Returns its tenant and how long it was held, or nil for a slot nobody was charged for.
+local function finish(K, member, now)
+  local rec = redis.call('HGET', K.lent, member)
+  if not rec then
+    return nil
+  end
+  redis.call('HDEL', K.lent, member)
+  local c, at, tenant = string.match(rec, '^(%S+) (%d+) (.*)$')
+  if not tenant then
+    return nil
+  end
+  -- fair.rs: ahead_after.
+  local left = hnum(K.vtc_ahead, tenant) - tonumber(c)
+  if left > 1e-6 then
+    redis.call('HSET', K.vtc_ahead, tenant, num(left))
+  else
+    redis.call('HDEL', K.vtc_ahead, tenant)
+  end
+  rebase(K, tenant)
+  return tenant, math.max(now - tonumber(at), 0)
+end
+
+-- A tenant's hold state (fair.rs: Counter's ended_ms, grace_ms, slow).
+local function keep_state(K, tenant)
+  local st = redis.call('HGET', K.vtc_keep, tenant)
+  if not st then
+    return 0, 0, false
+  end
+  local ended, grace, slow = string.match(st, '^(%d+) (%d+) (%d)$')
+  return tonumber(ended or 0), tonumber(grace or 0), slow == '1'
+end
+
+local function set_keep_state(K, tenant, ended, grace, slow)
+  redis.call('HSET', K.vtc_keep, tenant, string.format('%d %d %d', ended, grace, slow and 1 or 0))
+end
+
+-- A request of `tenant` that held its slot `held` ms ended (fair.rs: FairShare::keep, called
+-- when nobody of the tenant waits): how long the slot is kept for the tenant's next request,
+-- or nil when it goes on.
+local function keep(K, base, tenant, held, now)
+  if redis.call('ZCARD', tenant_queue(base, tenant)) > 0 then
+    return nil
+  end
+  if not redis.call('HGET', K.vtc, tenant) then
+    return nil
+  end
+  local _, _, slow = keep_state(K, tenant)
+  -- fair.rs: grace_of.
+  local grace = math.min(math.floor(held / 4), MAX_GRACE_MS)
+  set_keep_state(K, tenant, now, grace, slow)
+  local low = redis.call('ZRANGE', K.backlog, 0, 0, 'WITHSCORES')
+  -- fair.rs: keeps.
+  if not low[1] or slow or grace <= 0 or hnum(K.vtc, tenant) > tonumber(low[2]) then
+    return nil
+  end
+  return grace
+end
+
+-- A slot kept for `tenant` went unused (fair.rs: FairShare::unused).
+local function unused(K, tenant)
+  local ended, grace = keep_state(K, tenant)
+  set_keep_state(K, tenant, ended, grace, true)
+end
+
+-- A request of `tenant` arrives (fair.rs: FairShare::arrive).
+local function arrive(K, tenant, now)
+  local ended, grace, slow = keep_state(K, tenant)
+  if slow and now - ended <= grace then
+    set_keep_state(K, tenant, ended, grace, false)
+  end
+end
+
+-- Takes a slot kept for `tenant`, if there is one (its grace has not ended: `reclaim` ran).
+local function take_kept(K, tenant)
+  local kept = redis.call('HGETALL', K.kept)
+  for i = 1, #kept, 2 do
+    if kept[i + 1] == tenant and redis.call('ZSCORE', K.slots, kept[i]) then
+      redis.call('HDEL', K.kept, kept[i])
+      redis.call('ZREM', K.slots, kept[i])
+      return true
+    end
+  end
+  return false
+end
+
+-- Leases nobody renewed in time belong to a replica that died or lost Redis: their capacity
+-- goes back to the pool, and their charges are service had. Slots kept for a tenant whose
+-- grace ended go on too (not counted: nobody died). Returns how many leases were reclaimed.
+local function reclaim(K, now)
+  local gone = redis.call('ZRANGEBYSCORE', K.slots, '-inf', now)
+  if #gone == 0 then
+    return 0
+  end
+  local n = 0
+  for _, member in ipairs(gone) do
+    local tenant = redis.call('HGET', K.kept, member)
+    if tenant then
+      redis.call('HDEL', K.kept, member)
+      unused(K, tenant)
+    else
+      finish(K, member, now)
+      n = n + 1
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', K.slots, '-inf', now)
+  return n
+end
+
 -- A tenant starts waiting (fair.rs: FairShare::enter and entered): below the lowest counter
--- any waiting tenant had before its latest charge it is lifted to it; up to the lowest waiting
+-- any waiting tenant has less what it is ahead by it is lifted to it; up to the lowest waiting
 -- counter it keeps its own (it is owed what the others were charged in advance); above, its
 -- excess fades by half-lives since it was last charged.
 local function enter(K, tenant, now, half_life)
-  local v = tonumber(redis.call('HGET', K.vtc, tenant) or '0')
-  local last = tonumber(redis.call('HGET', K.vtc_last, tenant) or '0')
+  local v = hnum(K.vtc, tenant)
   local low = redis.call('ZRANGE', K.backlog, 0, 0, 'WITHSCORES')
   if low[1] then
     local lowest = tonumber(low[2])
@@ -97,14 +221,13 @@ local function enter(K, tenant, now, half_life)
       v = lowest + (v - lowest) * math.pow(0.5, math.max(now - at, 0) / half_life)
     end
     if v ~= was then
-      -- A lifted or faded counter owes nothing to a running request any more.
-      last = 0
+      -- A lifted or faded counter owes nothing to its latest admission any more.
       redis.call('HSET', K.vtc, tenant, num(v))
       redis.call('HSET', K.vtc_last, tenant, 0)
     end
   end
   redis.call('ZADD', K.backlog, num(v), tenant)
-  redis.call('ZADD', K.before, num(v - last), tenant)
+  rebase(K, tenant)
 end
 
 -- The waiter served next: with fair share, the oldest waiter of the tenant with the lowest

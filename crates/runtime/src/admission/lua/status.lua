@@ -15,13 +15,14 @@ local out = {}
 for i = 1, tiers do
   local K = tier_keys((i - 1) * TIER_KEYS)
   local base = ARGV[i]
-  local reclaimed = reclaim(K.slots, now)
+  local reclaimed = reclaim(K, now)
   drop_expired(K, base, now)
   local queued = redis.call('ZCARD', K.queue)
   -- Counters matter only between waiting tenants; with nobody waiting a large set (tenant ids
-  -- can come from a client header) is forgotten rather than kept forever.
+  -- can come from a client header) is forgotten rather than kept forever. (A running request's
+  -- charge given back to a forgotten counter is dropped: fair.rs's ahead_after.)
   if queued == 0 and redis.call('HLEN', K.vtc) > 4096 then
-    redis.call('DEL', K.vtc, K.vtc_at, K.vtc_last)
+    redis.call('DEL', K.vtc, K.vtc_at, K.vtc_last, K.vtc_ahead, K.vtc_keep)
   end
   local waiting = {}
   local entries = redis.call('ZRANGE', K.backlog, 0, listed - 1, 'WITHSCORES')
