@@ -237,6 +237,156 @@ async fn a_shared_prompt_head_stays_on_one_replica_and_hits_its_cache() {
     );
 }
 
+/// Three replicas answering in 100 ms whatever they cached (so least load has no reason to
+/// prefer one), whose free prefix cache keeps `cache_tokens` and whose answers report the
+/// cached tokens, behind an on-demand pool with prefix affinity; a spot replica after them.
+async fn affinity_pool(cache_tokens: u64) -> (std::sync::Arc<Sluice>, Vec<Proc>) {
+    let cache = cache_tokens.to_string();
+    let flags = [
+        "--ttft-ms",
+        "100",
+        "--prefill-us-per-token",
+        "0",
+        "--enable-prompt-tokens-details",
+        "--prefix-cache-tokens",
+        &cache,
+    ];
+    let mut sims = Vec::new();
+    for _ in 0..3 {
+        sims.push(sim("llama-3-70b", &flags).await);
+    }
+    let sp = sim("llama-3-70b", &[]).await;
+    let addrs: Vec<&str> = sims.iter().map(|p| p.addr.as_str()).collect();
+    let mut cfg = fleet(&[
+        ("on-demand", &addrs, json!({"selection": "prefix_affinity"})),
+        ("spot", &[&sp.addr], json!({})),
+    ]);
+    merge(
+        &mut cfg,
+        json!({"tiers": {"Guaranteed": {"inflight_capacity": 64}}}),
+    );
+    let s = std::sync::Arc::new(serve(&cfg).await);
+    // Spot last: it serves Best-Effort, which these tests do not send.
+    sims.push(sp);
+    (s, sims)
+}
+
+fn on_demand_affinity(status: &Value) -> Value {
+    status["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "on-demand")
+        .unwrap()
+        .clone()
+}
+
+/// Four closed-loop clients cycling over `heads` system prompts (4,000 characters, more than the
+/// head that keys a home: 62 cached blocks each) until the on-demand pool's affinity is in `state`; returns that pool's status.
+async fn drive_until(s: &std::sync::Arc<Sluice>, heads: usize, state: &str) -> Value {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for c in 0..4usize {
+        let (s, stop) = (s.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let head = (c * 7 + n * 13) % heads;
+                let body = chat_with(&system_prompt(head, 4000), &format!("q {c} {n}"));
+                assert_eq!(s.chat("support-bot", body).await.status(), 200);
+                n += 1;
+            }
+        }));
+    }
+    let pool = wait_for(Duration::from_secs(30), state, || async {
+        let p = on_demand_affinity(&s.status().await);
+        (p["affinity"]["state"] == state).then_some(p)
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    pool
+}
+
+/// Nine requests of one head at once, each held ~0.4 s: how many each replica received.
+async fn burst(s: &Sluice, sims: &[Proc], head: usize) -> Vec<u64> {
+    let received = || async {
+        let mut v = Vec::new();
+        for p in sims {
+            v.push(sim_stats(p).await["received"].as_u64().unwrap());
+        }
+        v
+    };
+    let before = received().await;
+    let mut body = chat_with(&system_prompt(head, 4000), "burst");
+    body["max_tokens"] = json!(300);
+    let sends = (0..9).map(|_| s.chat("support-bot", body.clone()));
+    for r in futures_util::future::join_all(sends).await {
+        assert_eq!(r.status(), 200);
+    }
+    let after = received().await;
+    after.iter().zip(&before).map(|(a, b)| a - b).collect()
+}
+
+#[tokio::test]
+async fn prefix_affinity_spreads_by_load_when_homes_do_not_keep_their_heads() {
+    // Three heads, and room for four in each replica's free cache: homes keep them.
+    let (s, sims) = affinity_pool(4000).await;
+    let pool = drive_until(&s, 3, "paying").await;
+    let a = &pool["affinity"];
+    assert_eq!(a["paying"], true, "{a}");
+    assert!(a["verdict_hit_rate"].as_f64().unwrap() >= 0.85, "{a}");
+    assert!(a["hit_rate"].as_f64().unwrap() >= 0.9, "{a}");
+    assert_eq!(a["without_cached_tokens"], 0, "{a}");
+    let burst_fit = burst(&s, &sims[..3], 0).await;
+    assert!(
+        burst_fit.iter().max().unwrap() >= &5,
+        "a head's burst stays home up to its bound: {burst_fit:?}"
+    );
+    let fit_rate = wait_for(Duration::from_secs(5), "the scraped hit rate", || async {
+        on_demand_affinity(&s.status().await)["prefix_cache_hit_rate"].as_f64()
+    })
+    .await;
+    drop(s);
+
+    // Thirty heads, ten a replica, and room for two in its free cache: homes lose them.
+    let (s, sims) = affinity_pool(2000).await;
+    let pool = drive_until(&s, 30, "spreading").await;
+    let a = &pool["affinity"];
+    assert_eq!(a["paying"], false, "{a}");
+    assert!(a["verdict_hit_rate"].as_f64().unwrap() < 0.85, "{a}");
+    assert!(a["retry_in_ms"].as_u64().unwrap() > 30_000, "{a}");
+    // Logged when it happened: a log record whose message is the event's JSON.
+    let events: Vec<Value> = s
+        .log()
+        .lines()
+        .filter(|l| l.contains("prefix_affinity"))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|r| serde_json::from_str::<Value>(r["message"].as_str()?).ok())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "prefix_affinity" && e["state"] == "spreading"),
+        "{events:?}"
+    );
+    // The same burst now goes where load is least: every replica takes its part.
+    let burst_thrash = burst(&s, &sims[..3], 0).await;
+    assert!(
+        burst_thrash.iter().all(|n| (2..=4).contains(n)),
+        "spread by load: {burst_thrash:?}"
+    );
+    let thrash_rate = on_demand_affinity(&s.status().await)["prefix_cache_hit_rate"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        thrash_rate < fit_rate,
+        "vLLM's counters: {thrash_rate} thrashing, {fit_rate} fitting"
+    );
+}
+
 #[tokio::test]
 async fn least_load_sends_less_to_a_slowed_replica() {
     let fast = sim("llama-3-70b", &[]).await;

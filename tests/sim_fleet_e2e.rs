@@ -1,7 +1,8 @@
 //! The simulator as one replica of a fleet, over real HTTP against the real `sluice sim` binary:
-//! the prefix cache (hits, cheaper prefill, eviction under KV pressure), vLLM's `priority` field
-//! (ordering under `--scheduling-policy priority`, a 400 under FCFS), aborts when the client goes
-//! away, runtime LoRA adapters, and the per-model request counts a routing proxy is checked with.
+//! the prefix cache (hits, cheaper prefill, eviction under KV pressure or a capped cache, the
+//! cached count in `usage`), vLLM's `priority` field (ordering under `--scheduling-policy
+//! priority`, a 400 under FCFS), aborts when the client goes away, runtime LoRA adapters, and
+//! the per-model request counts a routing proxy is checked with.
 
 mod common;
 use common::*;
@@ -156,6 +157,61 @@ async fn cached_blocks_give_way_under_kv_pressure() {
     assert_eq!(stats["kv_used_tokens"], 0);
     // a's 125 blocks and what a left of b's 156: the cache never outgrows the budget.
     assert_eq!(stats["kv_cached_free_tokens"], 3000 / 16 * 16);
+}
+
+/// The cached tokens of a request with system prompt `head`, as the header and as vLLM's usage
+/// says them.
+async fn cached_in_usage(s: &Proc, head: &str) -> u64 {
+    let (r, _) = timed(s, &chat(&system_prompt(head, 8000), "question")).await;
+    let header = cached_tokens(&r);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["usage"]["prompt_tokens_details"]["cached_tokens"],
+        json!(header),
+        "{body}"
+    );
+    header
+}
+
+#[tokio::test]
+async fn a_small_prefix_cache_thrashes_and_usage_says_what_it_served() {
+    // Room for a running batch of many heads, but two heads' worth of free cache.
+    let s = sim(
+        "m",
+        &[
+            "--prefix-cache-tokens",
+            "4000",
+            "--enable-prompt-tokens-details",
+        ],
+    )
+    .await;
+    // Two heads fit: each hits on its next turn.
+    assert_eq!(
+        (
+            cached_in_usage(&s, "a").await,
+            cached_in_usage(&s, "b").await
+        ),
+        (0, 0)
+    );
+    assert_eq!(
+        (
+            cached_in_usage(&s, "a").await,
+            cached_in_usage(&s, "b").await
+        ),
+        (2000, 2000)
+    );
+    // Three in turn do not: each evicts the oldest before it comes back.
+    assert_eq!(cached_in_usage(&s, "c").await, 0);
+    assert_eq!(
+        (
+            cached_in_usage(&s, "a").await,
+            cached_in_usage(&s, "b").await,
+            cached_in_usage(&s, "c").await
+        ),
+        (0, 0, 0)
+    );
+    let stats = sim_stats(&s).await;
+    assert!(stats["kv_cached_free_tokens"].as_u64().unwrap() <= 4000);
 }
 
 /// Sends a chat request tagged `id` with `priority`; returns when it finished.

@@ -14,6 +14,15 @@
 //!   to win and must not lose (judged against round robin's own spread, by bootstrap);
 //! - `slow-replica`: one on-demand replica answers slower (`PUT /admin/latency`); least load
 //!   should send it far fewer requests than round robin, and Guaranteed keep its SLA.
+//!
+//! Two more, at GPU-like timings (a decode step of 15 ms, prefill paid per uncached token) and
+//! at fractions of the on-demand pool's capacity (0.6 and 0.9 by default), each over several
+//! seeds: `heads-fit`, a few system prompts that the homes' prefix caches hold, and
+//! `heads-thrash`, more system prompts than the pool's free cache holds. Each reports the
+//! on-demand pool's hit rate against its ceiling (the system prompts' share of its prompt
+//! tokens) and each tier's TTFT p95 for round robin, least load and prefix affinity, with the
+//! spread over seeds. The replicas report the cached tokens in `usage` (vLLM's
+//! `--enable-prompt-tokens-details`), from which prefix affinity judges whether its homes pay.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -74,6 +83,8 @@ enum Scenario {
     Shared,
     NoSharedPrefix,
     SlowReplica,
+    HeadsFit,
+    HeadsThrash,
 }
 
 impl Scenario {
@@ -82,7 +93,13 @@ impl Scenario {
             Scenario::Shared => "shared",
             Scenario::NoSharedPrefix => "no-shared-prefix",
             Scenario::SlowReplica => "slow-replica",
+            Scenario::HeadsFit => "heads-fit",
+            Scenario::HeadsThrash => "heads-thrash",
         }
+    }
+
+    fn heads(self) -> bool {
+        matches!(self, Scenario::HeadsFit | Scenario::HeadsThrash)
     }
 }
 
@@ -103,6 +120,60 @@ pub struct FleetArgs {
     /// Run the scenario with one on-demand replica slowed through PUT /admin/latency.
     #[arg(long)]
     pub slow_replica: bool,
+    /// Run the GPU-like workload whose system prompts fit in the homes' prefix caches (not
+    /// part of the default three).
+    #[arg(long)]
+    pub heads_fit: bool,
+    /// Run the GPU-like workload with more system prompts than the pool's free cache holds
+    /// (not part of the default three).
+    #[arg(long)]
+    pub heads_thrash: bool,
+    /// heads-*: arrival rates as fractions of the on-demand pool's capacity with nothing cached.
+    #[arg(long, value_delimiter = ',', default_value = "0.6,0.9")]
+    pub loads: Vec<f64>,
+    /// heads-*: seeds per load and selection (`--seed`, `--seed` + 1, ...), for the spread.
+    #[arg(long, default_value_t = 2)]
+    pub seeds: u64,
+    /// heads-*: seconds of arrivals per run.
+    #[arg(long, default_value_t = 30.0)]
+    pub heads_duration_s: f64,
+    /// heads-*: the first seconds of arrivals are sent but not measured (caches fill, prefix
+    /// affinity learns whether its homes pay); the simulators' hit counters are read from then.
+    #[arg(long, default_value_t = 10.0)]
+    pub heads_warmup_s: f64,
+    /// heads-fit: distinct system prompts.
+    #[arg(long, default_value_t = 6)]
+    pub heads_fit_prompts: usize,
+    /// heads-thrash: distinct system prompts.
+    #[arg(long, default_value_t = 32)]
+    pub heads_thrash_prompts: usize,
+    /// heads-*: tokens of the unique user turn after the system prompt: min,max.
+    #[arg(long, value_delimiter = ',', default_value = "200,1500")]
+    pub heads_user_tokens: Vec<u64>,
+    /// heads-*: max_tokens (the answer's length): min,max.
+    #[arg(long, value_delimiter = ',', default_value = "32,96")]
+    pub heads_max_tokens: Vec<u64>,
+    /// heads-*: a 70b replica's decode step, ms (a GPU's: 15-40).
+    #[arg(long, default_value_t = 15.0)]
+    pub heads_itl_ms: f64,
+    /// heads-*: a 70b replica's prefill cost per uncached prompt token, microseconds.
+    #[arg(long, default_value_t = 100)]
+    pub heads_prefill_us_per_token: u64,
+    /// heads-*: running sequences per replica.
+    #[arg(long, default_value_t = 8)]
+    pub heads_max_running: usize,
+    /// heads-*: KV-cache tokens per replica: room for the running batch...
+    #[arg(long, default_value_t = 65_536)]
+    pub heads_kv_tokens: u64,
+    /// heads-*: ... and tokens of cached blocks no request uses that a replica keeps (`sluice
+    /// sim --prefix-cache-tokens`): three 2,000-token system prompts. heads-fit's prompts, two a
+    /// replica when each stays on one, fit; on every replica they do not, nor do heads-thrash's.
+    #[arg(long, default_value_t = 6144)]
+    pub heads_prefix_cache_tokens: u64,
+    /// Replicas without vLLM's `--enable-prompt-tokens-details`: answers do not say what was
+    /// cached, and prefix affinity keeps its homes without judging them.
+    #[arg(long)]
+    pub no_prompt_tokens_details: bool,
     /// Selections of the shared and no-shared-prefix scenarios (round_robin first: the yardstick).
     #[arg(
         long,
@@ -192,6 +263,8 @@ impl FleetArgs {
             (self.shared_prefix, Scenario::Shared),
             (self.no_shared_prefix, Scenario::NoSharedPrefix),
             (self.slow_replica, Scenario::SlowReplica),
+            (self.heads_fit, Scenario::HeadsFit),
+            (self.heads_thrash, Scenario::HeadsThrash),
         ]
         .into_iter()
         .filter_map(|(on, s)| on.then_some(s))
@@ -215,6 +288,20 @@ impl FleetArgs {
         pair("user-tokens", &self.user_tokens)?;
         pair("small-prompt-tokens", &self.small_prompt_tokens)?;
         pair("max-tokens", &self.max_tokens)?;
+        pair("heads-user-tokens", &self.heads_user_tokens)?;
+        pair("heads-max-tokens", &self.heads_max_tokens)?;
+        if self.loads.is_empty()
+            || self.loads.iter().any(|l| l.is_nan() || *l <= 0.0)
+            || self.seeds == 0
+        {
+            return Err("--loads takes positive fractions, --seeds at least 1".into());
+        }
+        if !(self.heads_duration_s > self.heads_warmup_s && self.heads_warmup_s >= 0.0) {
+            return Err("--heads-duration-s must exceed --heads-warmup-s".into());
+        }
+        if self.heads_fit_prompts == 0 || self.heads_thrash_prompts == 0 {
+            return Err("--heads-*-prompts must be at least 1".into());
+        }
         if self.tier_weights.len() != 3 || self.tier_weights.iter().any(|w| *w < 0.0) {
             return Err("--tier-weights takes three non-negative weights".into());
         }
@@ -233,6 +320,109 @@ impl FleetArgs {
     fn range(v: &[u64]) -> [u64; 2] {
         [v[0], v[1]]
     }
+}
+
+/// One run's replicas and traffic: the flags' shared-prompt workload, or a heads workload at a
+/// load and seed.
+#[derive(Debug, Clone, Serialize)]
+struct Workload {
+    kv_tokens: u64,
+    max_running: usize,
+    ttft_ms: u64,
+    prefill_us_per_token: u64,
+    itl_ms: f64,
+    load_slowdown: f64,
+    block_size: u64,
+    prefix_cache_tokens: Option<u64>,
+    prompt_tokens_details: bool,
+    rate: f64,
+    duration_s: f64,
+    /// Arrivals before this are not measured.
+    warmup_s: f64,
+    seed: u64,
+    shared_prompts: usize,
+    system_tokens: u64,
+    user_tokens: [u64; 2],
+    max_tokens: [u64; 2],
+    small_share: f64,
+    small_prompt_tokens: [u64; 2],
+    tier_weights: Vec<f64>,
+    /// The rate as a fraction of the on-demand pool's capacity (heads workloads).
+    load: Option<f64>,
+}
+
+/// On-demand replicas in the fleet (od-0, od-1, od-2).
+const ON_DEMAND_REPLICAS: f64 = 3.0;
+
+impl Workload {
+    fn of(args: &FleetArgs) -> Self {
+        Workload {
+            kv_tokens: args.kv_tokens,
+            max_running: args.max_running,
+            ttft_ms: args.ttft_ms,
+            prefill_us_per_token: args.prefill_us_per_token,
+            itl_ms: args.itl_ms,
+            load_slowdown: args.load_slowdown,
+            block_size: args.block_size,
+            prefix_cache_tokens: None,
+            prompt_tokens_details: !args.no_prompt_tokens_details,
+            rate: args.rate,
+            duration_s: args.duration_s,
+            warmup_s: 0.0,
+            seed: args.seed,
+            shared_prompts: args.shared_prompts,
+            system_tokens: args.system_tokens,
+            user_tokens: FleetArgs::range(&args.user_tokens),
+            max_tokens: FleetArgs::range(&args.max_tokens),
+            small_share: args.small_share,
+            small_prompt_tokens: FleetArgs::range(&args.small_prompt_tokens),
+            tier_weights: args.tier_weights.clone(),
+            load: None,
+        }
+    }
+
+    /// A heads workload: GPU-like replicas, `load` × the on-demand pool's capacity.
+    fn heads(args: &FleetArgs, sc: Scenario, load: f64, seed: u64) -> Self {
+        let mut w = Workload {
+            kv_tokens: args.heads_kv_tokens,
+            max_running: args.heads_max_running,
+            prefill_us_per_token: args.heads_prefill_us_per_token,
+            itl_ms: args.heads_itl_ms,
+            prefix_cache_tokens: Some(args.heads_prefix_cache_tokens),
+            duration_s: args.heads_duration_s,
+            warmup_s: args.heads_warmup_s,
+            seed,
+            shared_prompts: match sc {
+                Scenario::HeadsThrash => args.heads_thrash_prompts,
+                _ => args.heads_fit_prompts,
+            },
+            user_tokens: FleetArgs::range(&args.heads_user_tokens),
+            max_tokens: FleetArgs::range(&args.heads_max_tokens),
+            load: Some(load),
+            ..Workload::of(args)
+        };
+        // Guaranteed and Standard 70b requests go on-demand; Best-Effort's to spot.
+        let w_sum: f64 = w.tier_weights.iter().sum();
+        let on_demand = (1.0 - w.small_share) * (w.tier_weights[0] + w.tier_weights[1])
+            / w_sum.max(f64::MIN_POSITIVE);
+        w.rate = load * ON_DEMAND_REPLICAS * w.replica_capacity() / on_demand.max(0.01);
+        w
+    }
+
+    /// Requests a second a 70b replica serves with nothing cached: its batch (by sequences or
+    /// by KV, whichever binds) over one request's time, prefill of the whole prompt and decode,
+    /// both slowed by the KV a full batch writes (`load_slowdown`), as the simulator slows them.
+    fn replica_capacity(&self) -> f64 {
+        let mean = |r: [u64; 2]| (r[0] + r[1]) as f64 / 2.0;
+        let prompt = self.system_tokens as f64 + mean(self.user_tokens);
+        let out = mean(self.max_tokens);
+        let batch = (self.max_running as f64).min(self.kv_tokens as f64 / (prompt + out));
+        let written = (batch * (prompt + out) / self.kv_tokens as f64).min(1.0);
+        let slow = 1.0 + self.load_slowdown * written;
+        let prefill_ms = self.ttft_ms as f64 + prompt * self.prefill_us_per_token as f64 / 1000.0;
+        let service_ms = (prefill_ms + (out - 1.0).max(0.0) * self.itl_ms) * slow;
+        batch / (service_ms / 1000.0)
+    }
 
     /// One replica's flags; the 8b model prefills four times and decodes twice as fast.
     fn sim_flags(&self, model: &str) -> Vec<String> {
@@ -247,7 +437,7 @@ impl FleetArgs {
         } else {
             self.itl_ms
         };
-        [
+        let mut flags: Vec<String> = [
             ("--model", model.to_string()),
             ("--kv-tokens", self.kv_tokens.to_string()),
             ("--max-running", self.max_running.to_string()),
@@ -260,7 +450,27 @@ impl FleetArgs {
         ]
         .into_iter()
         .flat_map(|(k, v)| [k.to_string(), v])
-        .collect()
+        .collect();
+        if let Some(t) = self.prefix_cache_tokens {
+            flags.extend(["--prefix-cache-tokens".to_string(), t.to_string()]);
+        }
+        if self.prompt_tokens_details {
+            flags.push("--enable-prompt-tokens-details".to_string());
+        }
+        flags
+    }
+
+    /// The on-demand pool's ceiling: the system prompts' share of the prompt tokens of the
+    /// requests it serves (Guaranteed and Standard 70b), measured from `warmup_s`.
+    fn ceiling(&self, planned: &[Planned]) -> f64 {
+        let (shared, all) = planned
+            .iter()
+            .filter(|p| p.prompt.is_some() && p.arrival.tier != Tier::BestEffort)
+            .filter(|p| p.arrival.at_ms as f64 >= self.warmup_s * 1000.0)
+            .fold((0u64, 0u64), |(s, a), p| {
+                (s + self.system_tokens, a + p.arrival.prompt_tokens)
+            });
+        shared as f64 / all.max(1) as f64
     }
 }
 
@@ -356,14 +566,14 @@ struct Planned {
 
 /// The arrivals of a run: a pure function of the arguments and `shared`, so every selection of
 /// a scenario replays the very same requests.
-fn plan(args: &FleetArgs, shared: bool) -> Vec<Planned> {
-    let mut rng = Rng::new(args.seed);
-    let systems: Vec<String> = (0..args.shared_prompts)
+fn plan(w: &Workload, shared: bool) -> Vec<Planned> {
+    let mut rng = Rng::new(w.seed);
+    let systems: Vec<String> = (0..w.shared_prompts)
         .map(|k| {
-            let mut r = Rng::new(args.seed ^ (0x5157_0000 + k as u64));
+            let mut r = Rng::new(w.seed ^ (0x5157_0000 + k as u64));
             text(
                 &format!("System prompt {k}: you are assistant number {k} of the support desk."),
-                (args.system_tokens * 4) as usize,
+                (w.system_tokens * 4) as usize,
                 &mut r,
             )
         })
@@ -371,21 +581,21 @@ fn plan(args: &FleetArgs, shared: bool) -> Vec<Planned> {
     let mut out = Vec::new();
     let mut t_s = 0.0;
     loop {
-        // Exponential gaps: a Poisson process of rate `args.rate`.
-        t_s += -(1.0 - rng.unit()).ln() / args.rate;
-        if t_s >= args.duration_s {
+        // Exponential gaps: a Poisson process of rate `w.rate`.
+        t_s += -(1.0 - rng.unit()).ln() / w.rate;
+        if t_s >= w.duration_s {
             break;
         }
         let id = out.len();
-        let small = rng.unit() < args.small_share;
-        let (tenant, tier) = TENANTS[rng.pick(&args.tier_weights)];
-        let max_tokens = rng.range(FleetArgs::range(&args.max_tokens));
-        let k = (rng.next_u64() % args.shared_prompts as u64) as usize;
-        let user = rng.range(FleetArgs::range(&args.user_tokens));
-        let small_prompt = rng.range(FleetArgs::range(&args.small_prompt_tokens));
+        let small = rng.unit() < w.small_share;
+        let (tenant, tier) = TENANTS[rng.pick(&w.tier_weights)];
+        let max_tokens = rng.range(w.max_tokens);
+        let k = (rng.next_u64() % w.shared_prompts as u64) as usize;
+        let user = rng.range(w.user_tokens);
+        let small_prompt = rng.range(w.small_prompt_tokens);
         // Every request's own text comes from its own stream: the draws above stay the same
         // whichever scenario is planned.
-        let mut own = Rng::new(args.seed ^ 0x00c0_ffee ^ ((id as u64) << 20));
+        let mut own = Rng::new(w.seed ^ 0x00c0_ffee ^ ((id as u64) << 20));
         let (messages, prompt_tokens, prompt) = if small {
             let u = text(
                 &format!("Question {id}:"),
@@ -399,14 +609,14 @@ fn plan(args: &FleetArgs, shared: bool) -> Vec<Planned> {
             } else {
                 text(
                     &format!("System prompt of request {id}: you are a one-off assistant."),
-                    (args.system_tokens * 4) as usize,
+                    (w.system_tokens * 4) as usize,
                     &mut own,
                 )
             };
             let u = text(&format!("Question {id}:"), user as usize * 4, &mut own);
             (
                 json!([{"role": "system", "content": sys}, {"role": "user", "content": u}]),
-                args.system_tokens + user,
+                w.system_tokens + user,
                 shared.then_some(k),
             )
         };
@@ -538,7 +748,12 @@ struct Fleet {
     sims: Vec<Sim>,
 }
 
-async fn start_fleet(args: &FleetArgs, bin: &Path, dir: &Path) -> Result<Fleet, String> {
+async fn start_fleet(
+    args: &FleetArgs,
+    w: &Workload,
+    bin: &Path,
+    dir: &Path,
+) -> Result<Fleet, String> {
     let layout: [(&str, &'static str, &str); 5] = [
         ("od-0", "on-demand", MAIN_MODEL),
         ("od-1", "on-demand", MAIN_MODEL),
@@ -551,7 +766,7 @@ async fn start_fleet(args: &FleetArgs, bin: &Path, dir: &Path) -> Result<Fleet, 
         let addr = format!("127.0.0.1:{port}");
         let mut cmd = std::process::Command::new(bin);
         cmd.args(["sim", "--listen", &addr])
-            .args(args.sim_flags(model))
+            .args(w.sim_flags(model))
             .env("RUST_LOG", "warn");
         let log = Some(dir.join(format!("{name}.log")));
         let mut proc = Proc::spawn(name, &mut cmd, addr, log)?;
@@ -650,6 +865,14 @@ struct TierRow {
 struct RunOut {
     scenario: Scenario,
     selection: Selection,
+    /// heads-*: the rate as a fraction of the on-demand pool's capacity.
+    load: Option<f64>,
+    seed: u64,
+    /// The on-demand pool's hit-rate ceiling: its system prompts' share of its prompt tokens.
+    ceiling: f64,
+    /// Prefix affinity's verdict on the on-demand pool at the end (`/status` `affinity`).
+    judged: Option<Value>,
+    /// Requests measured (after the warm-up) and the seconds of arrivals they came in.
     requests: usize,
     duration_s: f64,
     tiers: Vec<TierRow>,
@@ -769,6 +992,7 @@ fn affinity(planned: &[Planned], sims: &[Sim], loads: &[Load], received: u64) ->
 
 async fn run_one(
     args: &FleetArgs,
+    w: &Workload,
     bin: &Path,
     scenario: Scenario,
     sel: Selection,
@@ -778,7 +1002,7 @@ async fn run_one(
     work.keep = args.keep;
     let dir = work.path.clone();
     let c = procs::client();
-    let fleet = start_fleet(args, bin, &dir).await?;
+    let fleet = start_fleet(args, w, bin, &dir).await?;
     let (addr, ops) = (procs::free_addr()?, procs::free_addr()?);
     let cfg = sluice_config(&fleet, sel, &dir, &addr, &ops);
     crate::sluice_conf::parse(&cfg, &dir)?;
@@ -828,6 +1052,31 @@ async fn run_one(
             }
         })
     };
+    // The hit counters as the warm-up ends: what is measured is what came after.
+    let at_warmup = {
+        let urls: Vec<String> = fleet
+            .sims
+            .iter()
+            .map(|s| s.proc.url("/admin/stats"))
+            .collect();
+        let (c, due) = (c.clone(), start + Duration::from_secs_f64(w.warmup_s));
+        tokio::spawn(async move {
+            let mut counters = vec![(0u64, 0u64); urls.len()];
+            if due <= start {
+                return counters;
+            }
+            tokio::time::sleep_until(due).await;
+            for (i, u) in urls.iter().enumerate() {
+                if let Ok(st) = procs::get_json(&c, u).await {
+                    counters[i] = (
+                        st["prefix_cache_queries_tokens"].as_u64().unwrap_or(0),
+                        st["prefix_cache_hit_tokens"].as_u64().unwrap_or(0),
+                    );
+                }
+            }
+            counters
+        })
+    };
 
     let url = sluice.url("/v1/chat/completions");
     let mut tasks = Vec::with_capacity(planned.len());
@@ -845,6 +1094,7 @@ async fn run_one(
     }
     stop.store(true, Ordering::Relaxed);
     sampler.await.map_err(|e| e.to_string())?;
+    let at_warmup = at_warmup.await.map_err(|e| e.to_string())?;
 
     let sluice_pools = procs::get_json(&c, &sluice.ops_url("/status"))
         .await
@@ -852,7 +1102,7 @@ async fn run_one(
         .unwrap_or(Value::Null);
     let mut loads = loads.lock().unwrap_or_else(PoisonError::into_inner).clone();
     let mut sims = Vec::new();
-    for (s, l) in fleet.sims.iter().zip(loads.iter_mut()) {
+    for ((s, l), (q0, h0)) in fleet.sims.iter().zip(loads.iter_mut()).zip(&at_warmup) {
         let st = procs::get_json(&c, &s.proc.url("/admin/stats")).await?;
         l.admissions(&st);
         let n = l.n.max(1) as f64;
@@ -864,9 +1114,15 @@ async fn run_one(
             received: st["received"].as_u64().unwrap_or(0),
             completed: st["completed"].as_u64().unwrap_or(0),
             aborted: st["aborted"].as_u64().unwrap_or(0),
-            prefix_cache_queries_tokens: st["prefix_cache_queries_tokens"].as_u64().unwrap_or(0),
-            prefix_cache_hit_tokens: st["prefix_cache_hit_tokens"].as_u64().unwrap_or(0),
-            busy: l.running / n / args.max_running as f64,
+            prefix_cache_queries_tokens: st["prefix_cache_queries_tokens"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(*q0),
+            prefix_cache_hit_tokens: st["prefix_cache_hit_tokens"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(*h0),
+            busy: l.running / n / w.max_running as f64,
             mean_waiting: l.waiting / n,
             peak_waiting: l.peak_waiting,
             queue_p95_ms: percentile(&queue, 95.0),
@@ -914,14 +1170,29 @@ async fn run_one(
     if args.keep {
         eprintln!("sluice-bench fleet: kept {}", dir.display());
     }
-    let tiers = tier_rows(&records, &slo, args.duration_s);
+    let warm_ms = w.warmup_s * 1000.0;
+    let records: Vec<RequestRecord> = records
+        .into_iter()
+        .filter(|r| r.at_ms as f64 >= warm_ms)
+        .collect();
+    let measured_s = w.duration_s - w.warmup_s;
+    let tiers = tier_rows(&records, &slo, measured_s);
     let mut lag: Vec<f64> = records.iter().map(|r| r.send_lag_ms).collect();
     lag.sort_by(f64::total_cmp);
+    let judged = sluice_pools
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "on-demand"))
+        .map(|p| p["affinity"].clone())
+        .filter(|a| !a.is_null());
     Ok(RunOut {
         scenario,
         selection: sel,
+        load: w.load,
+        seed: w.seed,
+        ceiling: w.ceiling(planned),
+        judged,
         requests: records.len(),
-        duration_s: args.duration_s,
+        duration_s: measured_s,
         goodput_rps: tiers.iter().map(|t| t.goodput_rps).sum(),
         tiers,
         hit_rate,
@@ -1281,7 +1552,139 @@ fn checks(runs: &[RunOut]) -> Vec<Check> {
             );
         }
     }
+    for sc in [Scenario::HeadsFit, Scenario::HeadsThrash] {
+        for load in loads_of(runs, sc) {
+            let of = |sel| heads_runs(runs, sc, load, sel);
+            let (rr, ll, pa) = (
+                of(Selection::RoundRobin),
+                of(Selection::LeastLoad),
+                of(Selection::PrefixAffinity),
+            );
+            if pa.is_empty() {
+                continue;
+            }
+            let at = format!("{load}×");
+            if sc == Scenario::HeadsFit {
+                if let Some(h) = over(&pa, of_ceiling) {
+                    push(
+                        sc.as_str(),
+                        format!("{at}: prefix_affinity hit rate ≥ 90 % of the ceiling"),
+                        format!("{} of the ceiling", h.pct()),
+                        h.mean >= 0.9,
+                    );
+                }
+                for t in [Tier::Guaranteed, Tier::Standard] {
+                    let (a, b) = (over(&pa, tier_ttft(t)), over(&rr, tier_ttft(t)));
+                    if let (Some(a), Some(b)) = (a, b) {
+                        push(
+                            sc.as_str(),
+                            format!(
+                                "{at}: {} TTFT p95, prefix_affinity ≥ 15 % below round_robin",
+                                t.as_str()
+                            ),
+                            format!(
+                                "{} ms vs {} ms ({:+.0} %)",
+                                a.ms(),
+                                b.ms(),
+                                (a.mean / b.mean.max(1e-9) - 1.0) * 100.0
+                            ),
+                            a.mean <= 0.85 * b.mean,
+                        );
+                    }
+                }
+            }
+            for t in Tier::ALL {
+                let (a, b) = (over(&pa, tier_ttft(t)), over(&ll, tier_ttft(t)));
+                // Least load's spread: over its seeds, and within each run (a block bootstrap,
+                // since latencies under load come in bursts).
+                let f = move |rs: &[RequestRecord]| ttft_p95(rs, t);
+                let hi = ll
+                    .iter()
+                    .filter_map(|r| spread(&r.records, &f, 7 + t.index() as u64))
+                    .map(|s| s.1)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                if let (Some(a), Some(b)) = (a, b) {
+                    let hi = hi.max(b.hi);
+                    push(
+                        sc.as_str(),
+                        format!(
+                            "{at}: {} TTFT p95, prefix_affinity no worse than least_load beyond its spread",
+                            t.as_str()
+                        ),
+                        format!(
+                            "mean {} ms vs least_load {} ms (upper end of its spread {hi:.0} ms: \
+                             the highest seed's 95 % block-bootstrap bound)",
+                            a.ms(),
+                            b.ms(),
+                        ),
+                        a.mean <= hi,
+                    );
+                }
+            }
+        }
+    }
     out
+}
+
+/// A figure over a run's seeds: mean, lowest and highest.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
+    mean: f64,
+    lo: f64,
+    hi: f64,
+}
+
+impl Spread {
+    fn ms(&self) -> String {
+        format!("{:.0} [{:.0}–{:.0}]", self.mean, self.lo, self.hi)
+    }
+
+    fn pct(&self) -> String {
+        format!(
+            "{:.1} % [{:.1}–{:.1}]",
+            self.mean * 100.0,
+            self.lo * 100.0,
+            self.hi * 100.0
+        )
+    }
+}
+
+fn over(runs: &[&RunOut], f: impl Fn(&RunOut) -> Option<f64>) -> Option<Spread> {
+    let v: Vec<f64> = runs.iter().filter_map(|r| f(r)).collect();
+    if v.is_empty() {
+        return None;
+    }
+    Some(Spread {
+        mean: v.iter().sum::<f64>() / v.len() as f64,
+        lo: v.iter().copied().fold(f64::INFINITY, f64::min),
+        hi: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    })
+}
+
+fn tier_ttft(t: Tier) -> impl Fn(&RunOut) -> Option<f64> {
+    move |r: &RunOut| r.tiers[t.index()].ttft_p95_ms
+}
+
+fn of_ceiling(r: &RunOut) -> Option<f64> {
+    (r.ceiling > 0.0).then(|| r.hit_rate["on-demand"] / r.ceiling)
+}
+
+/// The loads a heads scenario ran at, in order.
+fn loads_of(runs: &[RunOut], sc: Scenario) -> Vec<f64> {
+    let mut loads: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.scenario == sc)
+        .filter_map(|r| r.load)
+        .collect();
+    loads.sort_by(f64::total_cmp);
+    loads.dedup();
+    loads
+}
+
+fn heads_runs(runs: &[RunOut], sc: Scenario, load: f64, sel: Selection) -> Vec<&RunOut> {
+    runs.iter()
+        .filter(|r| r.scenario == sc && r.selection == sel && r.load == Some(load))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1359,17 +1762,44 @@ fn render(args: &FleetArgs, runs: &[RunOut], checks: &[Check], env: &str) -> Str
         cpu_model(),
         env
     );
+    let w = Workload::of(args);
+    let old = runs.iter().any(|r| !r.scenario.heads());
     let _ = writeln!(
         md,
         "Fleet: `{MAIN_MODEL}` on pool `on-demand` (od-0, od-1, od-2) and `spot` (spot-0), \
          `{SMALL_MODEL}` on pool `small` (small-0, class on-demand); Sluice runs the shipped \
          `conf/sluice.yaml` (tenants from `conf/tenants.yaml`) with only addresses, pools, \
-         backends and `selection` changed; every pool uses the run's selection. Replicas: `sluice \
-         sim {}` (the 8b one prefills 4× and decodes 2× faster). A 70b replica's KV holds about {:.1} \
-         of the {} shared system prompts: the ones affinity sends it fit, not all of them. The \
-         replicas listen on 127.0.0.1 ports {} (od-0, od-1, od-2, spot-0, small-0) in every run, \
-         so prefix affinity's ring (it hashes the addresses) is the same in every run.\n",
-        args.sim_flags(MAIN_MODEL)
+         backends and `selection` changed; every pool uses the run's selection. The replicas \
+         listen on 127.0.0.1 ports {} (od-0, od-1, od-2, spot-0, small-0) in every run, so \
+         prefix affinity's ring (it hashes the addresses) is the same in every run.\n",
+        args.sim_ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if old {
+        render_shared(&mut md, args, &w);
+    }
+    for sc in [
+        Scenario::Shared,
+        Scenario::NoSharedPrefix,
+        Scenario::SlowReplica,
+    ] {
+        render_scenario(&mut md, args, runs, checks, sc);
+    }
+    for sc in [Scenario::HeadsFit, Scenario::HeadsThrash] {
+        render_heads(&mut md, args, runs, checks, sc);
+    }
+    md
+}
+
+fn render_shared(md: &mut String, args: &FleetArgs, w: &Workload) {
+    let _ = writeln!(
+        md,
+        "Shared, no-shared-prefix and slow-replica: replicas `sluice sim {}` (the 8b one prefills 4× and decodes 2× faster). A 70b replica's KV holds about {:.1} \
+         of the {} shared system prompts: the ones affinity sends it fit, not all of them.\n",
+        w.sim_flags(MAIN_MODEL)
             .iter()
             .skip(2)
             .cloned()
@@ -1377,11 +1807,6 @@ fn render(args: &FleetArgs, runs: &[RunOut], checks: &[Check], env: &str) -> Str
             .join(" "),
         args.kv_tokens as f64 / args.system_tokens.max(1) as f64,
         args.shared_prompts,
-        args.sim_ports
-            .iter()
-            .map(u16::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
     );
     let _ = writeln!(
         md,
@@ -1415,57 +1840,61 @@ fn render(args: &FleetArgs, runs: &[RunOut], checks: &[Check], env: &str) -> Str
             .collect::<Vec<_>>()
             .join("/"),
     );
-    for sc in [
-        Scenario::Shared,
-        Scenario::NoSharedPrefix,
-        Scenario::SlowReplica,
-    ] {
-        let rs: Vec<&RunOut> = runs.iter().filter(|r| r.scenario == sc).collect();
-        let Some(first) = rs.first() else { continue };
-        let _ = writeln!(md, "### {}\n", sc.as_str());
-        if let Some(s) = &first.slowed {
-            let _ = writeln!(
-                md,
-                "Replica {s} answers {} ms slower (`PUT /admin/latency`) from the start.\n",
-                args.slow_extra_ms
-            );
-        }
+}
+
+fn render_scenario(
+    md: &mut String,
+    args: &FleetArgs,
+    runs: &[RunOut],
+    checks: &[Check],
+    sc: Scenario,
+) {
+    let rs: Vec<&RunOut> = runs.iter().filter(|r| r.scenario == sc).collect();
+    let Some(first) = rs.first() else { return };
+    let _ = writeln!(md, "### {}\n", sc.as_str());
+    if let Some(s) = &first.slowed {
         let _ = writeln!(
+            md,
+            "Replica {s} answers {} ms slower (`PUT /admin/latency`) from the start.\n",
+            args.slow_extra_ms
+        );
+    }
+    let _ = writeln!(
             md,
             "| selection | tier (SLA) | requests | TTFT p50 ms | TTFT p95 ms | latency p95 ms | SLA viol % | goodput rps | refused | errors | served by pool |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
-        for r in &rs {
-            for t in &r.tiers {
-                let _ = writeln!(
-                    md,
-                    "| {} | {} ({}) | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
-                    r.selection.as_str(),
-                    t.tier,
-                    t.objective,
-                    t.requests,
-                    ms(t.ttft_p50_ms),
-                    ms(t.ttft_p95_ms),
-                    ms(t.latency_p95_ms),
-                    t.sla_viol_pct.map_or("-".into(), |v| format!("{v:.1}")),
-                    t.goodput_rps,
-                    if t.refusals.is_empty() {
-                        t.refused.to_string()
-                    } else {
-                        let why: Vec<String> =
-                            t.refusals.iter().map(|(k, n)| format!("{k} {n}")).collect();
-                        format!("{} ({})", t.refused, why.join(", "))
-                    },
-                    t.errors,
-                    t.pools
-                        .iter()
-                        .map(|(p, n)| format!("{p} {n}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
+    for r in &rs {
+        for t in &r.tiers {
+            let _ = writeln!(
+                md,
+                "| {} | {} ({}) | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+                r.selection.as_str(),
+                t.tier,
+                t.objective,
+                t.requests,
+                ms(t.ttft_p50_ms),
+                ms(t.ttft_p95_ms),
+                ms(t.latency_p95_ms),
+                t.sla_viol_pct.map_or("-".into(), |v| format!("{v:.1}")),
+                t.goodput_rps,
+                if t.refusals.is_empty() {
+                    t.refused.to_string()
+                } else {
+                    let why: Vec<String> =
+                        t.refusals.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                    format!("{} ({})", t.refused, why.join(", "))
+                },
+                t.errors,
+                t.pools
+                    .iter()
+                    .map(|(p, n)| format!("{p} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
-        let names: Vec<&str> = first.sims.iter().map(|s| s.name.as_str()).collect();
-        let _ = writeln!(
+    }
+    let names: Vec<&str> = first.sims.iter().map(|s| s.name.as_str()).collect();
+    let _ = writeln!(
             md,
             "\n| selection | goodput rps | hit rate on-demand | spot | small | all | {} | client lag p99 ms |\n|---|---|---|---|---|---|{}---|",
             names
@@ -1475,48 +1904,48 @@ fn render(args: &FleetArgs, runs: &[RunOut], checks: &[Check], env: &str) -> Str
                 .join(" | "),
             "---|".repeat(names.len())
         );
-        for r in &rs {
-            let sims: Vec<String> = r
-                .sims
-                .iter()
-                .map(|s| {
-                    format!(
-                        "{} / {} / {:.0} % / {:.1} / {}",
-                        pct(s.share),
-                        pct(s.prefix_cache_hit_tokens as f64
-                            / s.prefix_cache_queries_tokens.max(1) as f64),
-                        s.busy * 100.0,
-                        s.mean_waiting,
-                        ms(s.queue_p95_ms)
-                    )
-                })
-                .collect();
-            let _ = writeln!(
-                md,
-                "| {} | {:.2} | {} | {} | {} | {} | {} | {:.0} |",
-                r.selection.as_str(),
-                r.goodput_rps,
-                pct(r.hit_rate["on-demand"]),
-                pct(r.hit_rate["spot"]),
-                pct(r.hit_rate["small"]),
-                pct(r.hit_rate["all"]),
-                sims.join(" | "),
-                r.send_lag_p99_ms
-            );
-        }
-        let _ = writeln!(md);
-        for r in &rs {
-            let Some(a) = &r.affinity else { continue };
-            let homes: Vec<String> = a
-                .prompts
-                .iter()
-                .enumerate()
-                .map(|(k, m)| {
-                    let by: Vec<String> = m.iter().map(|(s, n)| format!("{s} {n}")).collect();
-                    format!("p{k}: {}", by.join(", "))
-                })
-                .collect();
-            let _ = writeln!(
+    for r in &rs {
+        let sims: Vec<String> = r
+            .sims
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} / {} / {:.0} % / {:.1} / {}",
+                    pct(s.share),
+                    pct(s.prefix_cache_hit_tokens as f64
+                        / s.prefix_cache_queries_tokens.max(1) as f64),
+                    s.busy * 100.0,
+                    s.mean_waiting,
+                    ms(s.queue_p95_ms)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {:.2} | {} | {} | {} | {} | {} | {:.0} |",
+            r.selection.as_str(),
+            r.goodput_rps,
+            pct(r.hit_rate["on-demand"]),
+            pct(r.hit_rate["spot"]),
+            pct(r.hit_rate["small"]),
+            pct(r.hit_rate["all"]),
+            sims.join(" | "),
+            r.send_lag_p99_ms
+        );
+    }
+    let _ = writeln!(md);
+    for r in &rs {
+        let Some(a) = &r.affinity else { continue };
+        let homes: Vec<String> = a
+            .prompts
+            .iter()
+            .enumerate()
+            .map(|(k, m)| {
+                let by: Vec<String> = m.iter().map(|(s, n)| format!("{s} {n}")).collect();
+                format!("p{k}: {}", by.join(", "))
+            })
+            .collect();
+        let _ = writeln!(
                 md,
                 "- {}: {:.0} % of the on-demand requests of a shared prompt went to that prompt's busiest replica, where {} of their prompt tokens were cached ({} elsewhere) ({}; {:.0} % of the requests seen in the simulators' admission lists)",
                 r.selection.as_str(),
@@ -1526,38 +1955,227 @@ fn render(args: &FleetArgs, runs: &[RunOut], checks: &[Check], env: &str) -> Str
                 homes.join("; "),
                 a.coverage * 100.0
             );
-        }
-        if rs.iter().any(|r| r.affinity.is_some()) {
-            let _ = writeln!(md);
-        }
-        if sc == Scenario::SlowReplica {
-            for r in &rs {
-                let _ = writeln!(md, "- {}: {}", r.selection.as_str(), by_replica(r));
-            }
-            let _ = writeln!(md);
-        }
-        let cs: Vec<&Check> = checks
-            .iter()
-            .filter(|c| c.scenario == sc.as_str())
-            .collect();
-        if !cs.is_empty() {
-            let _ = writeln!(md, "Targets:\n");
-            for c in cs {
-                let _ = writeln!(
-                    md,
-                    "- **{}** {}: {}",
-                    if c.pass { "PASS" } else { "FAIL" },
-                    c.what,
-                    c.detail
-                );
-            }
-            let _ = writeln!(md);
-        }
     }
-    md
+    if rs.iter().any(|r| r.affinity.is_some()) {
+        let _ = writeln!(md);
+    }
+    if sc == Scenario::SlowReplica {
+        for r in &rs {
+            let _ = writeln!(md, "- {}: {}", r.selection.as_str(), by_replica(r));
+        }
+        let _ = writeln!(md);
+    }
+    let cs: Vec<&Check> = checks
+        .iter()
+        .filter(|c| c.scenario == sc.as_str())
+        .collect();
+    if !cs.is_empty() {
+        let _ = writeln!(md, "Targets:\n");
+        for c in cs {
+            let _ = writeln!(
+                md,
+                "- **{}** {}: {}",
+                if c.pass { "PASS" } else { "FAIL" },
+                c.what,
+                c.detail
+            );
+        }
+        let _ = writeln!(md);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
+
+fn render_heads(
+    md: &mut String,
+    args: &FleetArgs,
+    runs: &[RunOut],
+    checks: &[Check],
+    sc: Scenario,
+) {
+    let loads = loads_of(runs, sc);
+    let Some(&first_load) = loads.first() else {
+        return;
+    };
+    let w = Workload::heads(args, sc, first_load, args.seed);
+    let _ = writeln!(md, "### {}\n", sc.as_str());
+    let rates: Vec<String> = loads
+        .iter()
+        .map(|l| {
+            format!(
+                "{l}× = {:.1} req/s",
+                Workload::heads(args, sc, *l, args.seed).rate
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        md,
+        "Replicas: `sluice sim {}` (the 8b one prefills 4× and decodes 2× faster): a 70b \
+         replica's free prefix cache holds {:.1} of the {} system prompts of {} tokens, {:.1} \
+         per on-demand replica if each stays on one. Traffic: open loop, Poisson, {} s of \
+         arrivals of which the first {} s are not measured (caches fill, prefix affinity \
+         learns whether its homes pay); {:.0} % to `{SMALL_MODEL}`, the rest a system prompt then \
+         a unique {}-{} token user turn, max_tokens {}-{}, tenants weighted {}. Load: the \
+         arrival rate over the on-demand pool's capacity with nothing cached (three replicas, \
+         each {:.2} req/s: its batch over one request's prefill and decode): {}. Seeds {}..{} \
+         for every load and selection; a figure is the mean over seeds [lowest–highest]. \
+         Ceiling: the system prompts' share of the on-demand pool's prompt tokens.\n",
+        w.sim_flags(MAIN_MODEL)
+            .iter()
+            .skip(2)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" "),
+        args.heads_prefix_cache_tokens as f64 / args.system_tokens.max(1) as f64,
+        w.shared_prompts,
+        w.system_tokens,
+        w.shared_prompts as f64 / ON_DEMAND_REPLICAS,
+        w.duration_s,
+        w.warmup_s,
+        w.small_share * 100.0,
+        w.user_tokens[0],
+        w.user_tokens[1],
+        w.max_tokens[0],
+        w.max_tokens[1],
+        w.tier_weights
+            .iter()
+            .map(|x| format!("{x}"))
+            .collect::<Vec<_>>()
+            .join("/"),
+        w.replica_capacity(),
+        rates.join(", "),
+        args.seed,
+        args.seed + args.seeds - 1,
+    );
+    let _ = writeln!(
+        md,
+        "| load | selection | on-demand hit rate | of the ceiling | TTFT p95 ms Guaranteed | Standard | Best-Effort | SLA viol % Guaranteed / Standard | prefix affinity at the end |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    let sels = [
+        Selection::RoundRobin,
+        Selection::LeastLoad,
+        Selection::PrefixAffinity,
+    ];
+    for &load in &loads {
+        for sel in sels {
+            let rs = heads_runs(runs, sc, load, sel);
+            if rs.is_empty() {
+                continue;
+            }
+            let show =
+                |s: Option<Spread>, f: fn(&Spread) -> String| s.map_or("-".into(), |s| f(&s));
+            let viol = |t: Tier| {
+                over(&rs, |r| r.tiers[t.index()].sla_viol_pct).map_or("-".into(), |s| {
+                    format!("{:.1} [{:.1}–{:.1}]", s.mean, s.lo, s.hi)
+                })
+            };
+            let judged: Vec<String> = rs
+                .iter()
+                .filter_map(|r| r.judged.as_ref())
+                .map(|a| {
+                    format!(
+                        "{} {}",
+                        a["state"].as_str().unwrap_or("?"),
+                        a["hit_rate"]
+                            .as_f64()
+                            .map_or("-".into(), |h| format!("{:.0} %", h * 100.0))
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                md,
+                "| {load}× | {} | {} | {} | {} | {} | {} | {} / {} | {} |",
+                sel.as_str(),
+                show(over(&rs, |r| Some(r.hit_rate["on-demand"])), Spread::pct),
+                show(over(&rs, of_ceiling), Spread::pct),
+                show(over(&rs, tier_ttft(Tier::Guaranteed)), Spread::ms),
+                show(over(&rs, tier_ttft(Tier::Standard)), Spread::ms),
+                show(over(&rs, tier_ttft(Tier::BestEffort)), Spread::ms),
+                viol(Tier::Guaranteed),
+                viol(Tier::Standard),
+                if judged.is_empty() {
+                    "-".into()
+                } else {
+                    judged.join(", ")
+                },
+            );
+        }
+    }
+    let _ = writeln!(md);
+    let cs: Vec<&Check> = checks
+        .iter()
+        .filter(|c| c.scenario == sc.as_str())
+        .collect();
+    if !cs.is_empty() {
+        let _ = writeln!(
+            md,
+            "Targets (Best-Effort is served by the single-replica spot pool, where selection has no choice):\n"
+        );
+        for c in cs {
+            let _ = writeln!(
+                md,
+                "- **{}** {}: {}",
+                if c.pass { "PASS" } else { "FAIL" },
+                c.what,
+                c.detail
+            );
+        }
+        let _ = writeln!(md);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// One run, logged as it ends.
+async fn run_logged(
+    args: &FleetArgs,
+    w: &Workload,
+    bin: &Path,
+    sc: Scenario,
+    sel: Selection,
+    planned: &[Planned],
+) -> Result<RunOut, String> {
+    eprintln!(
+        "sluice-bench fleet: {} / {}{}: {} requests over {} s",
+        sc.as_str(),
+        sel.as_str(),
+        w.load
+            .map_or(String::new(), |l| format!(" at {l}× seed {}", w.seed)),
+        planned.len(),
+        w.duration_s
+    );
+    let r = run_one(args, w, bin, sc, sel, planned).await?;
+    let t: Vec<String> = r
+        .tiers
+        .iter()
+        .map(|t| {
+            format!(
+                "{} ttft p95 {} viol {}",
+                t.tier,
+                ms(t.ttft_p95_ms),
+                t.sla_viol_pct.map_or("-".into(), |v| format!("{v:.1} %"))
+            )
+        })
+        .collect();
+    let judged = r.judged.as_ref().map_or(String::new(), |a| {
+        format!(
+            "; affinity {} (home hit rate {})",
+            a["state"].as_str().unwrap_or("?"),
+            a["hit_rate"]
+                .as_f64()
+                .map_or("-".into(), |h| format!("{:.0} %", h * 100.0))
+        )
+    });
+    eprintln!(
+        "  hit rate on-demand {} (ceiling {}) all {}; goodput {:.2} rps; {}{judged}",
+        pct(r.hit_rate["on-demand"]),
+        pct(r.ceiling),
+        pct(r.hit_rate["all"]),
+        r.goodput_rps,
+        t.join("; ")
+    );
+    Ok(r)
+}
 
 pub async fn run(args: &FleetArgs) -> Result<(), String> {
     args.check()?;
@@ -1565,40 +2183,26 @@ pub async fn run(args: &FleetArgs) -> Result<(), String> {
     let env = environment();
     let mut runs = Vec::new();
     for sc in args.scenarios() {
-        let planned = plan(args, sc != Scenario::NoSharedPrefix);
+        if sc.heads() {
+            for &load in &args.loads {
+                for seed in args.seed..args.seed + args.seeds {
+                    let w = Workload::heads(args, sc, load, seed);
+                    let planned = plan(&w, true);
+                    for &sel in &args.selections {
+                        runs.push(run_logged(args, &w, &bin, sc, sel, &planned).await?);
+                    }
+                }
+            }
+            continue;
+        }
+        let w = Workload::of(args);
+        let planned = plan(&w, sc != Scenario::NoSharedPrefix);
         let sels = match sc {
             Scenario::SlowReplica => &args.slow_selections,
             _ => &args.selections,
         };
         for &sel in sels {
-            eprintln!(
-                "sluice-bench fleet: {} / {}: {} requests over {} s",
-                sc.as_str(),
-                sel.as_str(),
-                planned.len(),
-                args.duration_s
-            );
-            let r = run_one(args, &bin, sc, sel, &planned).await?;
-            let t: Vec<String> = r
-                .tiers
-                .iter()
-                .map(|t| {
-                    format!(
-                        "{} ttft p95 {} viol {}",
-                        t.tier,
-                        ms(t.ttft_p95_ms),
-                        t.sla_viol_pct.map_or("-".into(), |v| format!("{v:.1} %"))
-                    )
-                })
-                .collect();
-            eprintln!(
-                "  hit rate on-demand {} all {}; goodput {:.2} rps; {}",
-                pct(r.hit_rate["on-demand"]),
-                pct(r.hit_rate["all"]),
-                r.goodput_rps,
-                t.join("; ")
-            );
-            runs.push(r);
+            runs.push(run_logged(args, &w, &bin, sc, sel, &planned).await?);
         }
     }
     let checks = checks(&runs);

@@ -63,6 +63,9 @@ pub struct Ctx {
     pub backend: Option<std::sync::Arc<str>>,
     /// Counts the request in its backend's load until the context ends.
     pub lease: Option<sluice_runtime::fleet::Lease>,
+    /// Sent to its prompt head's home by prefix affinity: its answer says whether the home kept
+    /// the head.
+    pub affinity: Option<sluice_runtime::pools::AffinityTicket>,
     /// The current backend's failures in a row and ejection, in its pool.
     pub passive: Option<std::sync::Arc<sluice_runtime::pools::Passive>>,
     /// Upstream attempts made (a retry after a failure before the first byte is one more).

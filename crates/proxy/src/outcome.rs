@@ -262,6 +262,10 @@ pub fn logging(app: &ProxyState, session: &mut Session, e: Option<&Error>, ctx: 
     let ttfb = ctx.first_byte.map(|t| t.duration_since(started));
     let (prompt_tokens, completion_tokens) =
         sluice_record::usage::usage_of(&ctx.response_tail, ctx.response_is_sse);
+    if let Some(t) = ctx.affinity.take() {
+        let ok = ctx.status == 200 && ctx.error.is_none();
+        t.answered(ok, &ctx.response_tail, prompt_tokens, ctx.prompt_tokens);
+    }
     let tier = ctx.identity.as_ref().map(|i| i.tier);
     let tier_name = tier.map_or("unknown", |t| t.as_str());
     let rules = app.hub.rules();

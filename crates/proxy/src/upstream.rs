@@ -65,7 +65,7 @@ pub fn upstream_peer(
             }
         }
     }
-    let Some((backend, info)) = picked else {
+    let Some((backend, info, affinity)) = picked else {
         ctx.reason = Some(Reason::BackendUnavailable);
         ctx.label = Some(Verdict::Error);
         let name = pools.get(index).map_or("?", |h| h.name.as_str());
@@ -91,6 +91,7 @@ pub fn upstream_peer(
     ctx.attempts = ctx.attempts.saturating_add(1);
     // A retry moves the request: the previous backend's count goes back.
     ctx.lease = Some(info.load.lease());
+    ctx.affinity = affinity;
     ctx.passive = Some(info.passive);
     super::spans::attempt(app, session, ctx, &info.name);
     ctx.backend = Some(info.name);

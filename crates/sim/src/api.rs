@@ -286,16 +286,30 @@ pub(crate) struct ResponseMeta {
 
 const FILLER: &str = "tok ";
 
-fn usage(prompt: u64, completion: u64) -> Value {
-    json!({
+/// vLLM's usage object; `cached`, with `--enable-prompt-tokens-details`: the prompt tokens its
+/// prefix cache served, in `prompt_tokens_details`.
+fn usage(prompt: u64, completion: u64, cached: Option<u64>) -> Value {
+    let mut u = json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-    })
+    });
+    if let (Some(cached), Some(o)) = (cached, u.as_object_mut()) {
+        o.insert(
+            "prompt_tokens_details".into(),
+            json!({ "cached_tokens": cached }),
+        );
+    }
+    u
 }
 
-/// The body of a non-streaming response with `completion` filler tokens.
-pub(crate) fn completion_body(meta: &ResponseMeta, spec: &RequestSpec) -> Bytes {
+/// The body of a non-streaming response with `completion` filler tokens; `cached` as in
+/// [`usage`].
+pub(crate) fn completion_body(
+    meta: &ResponseMeta,
+    spec: &RequestSpec,
+    cached: Option<u64>,
+) -> Bytes {
     let text = FILLER.repeat(usize::try_from(spec.completion_tokens).unwrap_or(0));
     let (object, choice) = match meta.endpoint {
         Endpoint::Chat => (
@@ -324,7 +338,7 @@ pub(crate) fn completion_body(meta: &ResponseMeta, spec: &RequestSpec) -> Bytes 
             "created": meta.created,
             "model": meta.model,
             "choices": [choice],
-            "usage": usage(spec.prompt_tokens, spec.completion_tokens),
+            "usage": usage(spec.prompt_tokens, spec.completion_tokens, cached),
         })
         .to_string(),
     )
@@ -340,7 +354,26 @@ pub(crate) struct SseFrames {
     pub role: Option<Bytes>,
     pub token: Bytes,
     pub finish: Bytes,
-    pub usage: Option<Bytes>,
+    pub usage: Option<UsageFrame>,
+}
+
+/// A stream's usage chunk, rendered at its end: the cached count is known only once the request
+/// is admitted, after the frames were built.
+#[derive(Debug, Clone)]
+pub(crate) struct UsageFrame {
+    chunk: Value,
+    prompt: u64,
+    completion: u64,
+}
+
+impl UsageFrame {
+    pub(crate) fn render(&self, cached: Option<u64>) -> Bytes {
+        let mut v = self.chunk.clone();
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("usage".into(), usage(self.prompt, self.completion, cached));
+        }
+        sse(&v)
+    }
 }
 
 fn sse(v: &Value) -> Bytes {
@@ -384,15 +417,10 @@ pub(crate) fn sse_frames(meta: &ResponseMeta, spec: &RequestSpec) -> SseFrames {
         }])))),
         Endpoint::Completions => None,
     };
-    let usage = spec.include_usage.then(|| {
-        let mut v = chunk(json!([]));
-        if let Some(obj) = v.as_object_mut() {
-            obj.insert(
-                "usage".into(),
-                usage(spec.prompt_tokens, spec.completion_tokens),
-            );
-        }
-        sse(&v)
+    let usage = spec.include_usage.then(|| UsageFrame {
+        chunk: chunk(json!([])),
+        prompt: spec.prompt_tokens,
+        completion: spec.completion_tokens,
     });
     SseFrames {
         role,
@@ -544,7 +572,8 @@ mod tests {
                    "stream_options": {"include_usage": true}}),
             5,
         );
-        let v: Value = serde_json::from_slice(&completion_body(&meta(Endpoint::Chat), &s)).unwrap();
+        let v: Value =
+            serde_json::from_slice(&completion_body(&meta(Endpoint::Chat), &s, None)).unwrap();
         assert_eq!(v["choices"][0]["message"]["content"], "tok ".repeat(5));
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
         assert_eq!(v["usage"]["completion_tokens"], 5);
@@ -552,9 +581,18 @@ mod tests {
         let finish: Value =
             serde_json::from_slice(f.finish.strip_prefix(b"data: ").unwrap()).unwrap();
         assert_eq!(finish["choices"][0]["finish_reason"], "stop");
-        let usage: Value =
-            serde_json::from_slice(f.usage.unwrap().strip_prefix(b"data: ").unwrap()).unwrap();
-        assert_eq!(usage["usage"]["completion_tokens"], 5);
+        let usage = f.usage.unwrap();
+        let plain: Value =
+            serde_json::from_slice(usage.render(None).strip_prefix(b"data: ").unwrap()).unwrap();
+        assert_eq!(plain["usage"]["completion_tokens"], 5);
+        assert!(plain["usage"].get("prompt_tokens_details").is_none());
+        let detailed: Value =
+            serde_json::from_slice(usage.render(Some(32)).strip_prefix(b"data: ").unwrap())
+                .unwrap();
+        assert_eq!(
+            detailed["usage"]["prompt_tokens_details"],
+            json!({"cached_tokens": 32})
+        );
     }
 
     #[test]
@@ -606,7 +644,7 @@ mod tests {
     fn non_stream_body_shape() {
         let spec = parse(Endpoint::Chat, json!({"messages": [], "max_tokens": 3})).unwrap();
         let v: Value =
-            serde_json::from_slice(&completion_body(&meta(Endpoint::Chat), &spec)).unwrap();
+            serde_json::from_slice(&completion_body(&meta(Endpoint::Chat), &spec, None)).unwrap();
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["content"], "tok tok tok ");
         assert_eq!(
@@ -619,7 +657,8 @@ mod tests {
         )
         .unwrap();
         let v: Value =
-            serde_json::from_slice(&completion_body(&meta(Endpoint::Completions), &spec)).unwrap();
+            serde_json::from_slice(&completion_body(&meta(Endpoint::Completions), &spec, None))
+                .unwrap();
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["choices"][0]["text"], "tok tok ");
     }
@@ -639,7 +678,7 @@ mod tests {
             f.token.clone(),
             f.token.clone(),
             f.finish.clone(),
-            f.usage.clone().unwrap(),
+            f.usage.clone().unwrap().render(None),
         ] {
             all.extend_from_slice(&b);
         }

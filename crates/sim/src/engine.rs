@@ -122,6 +122,9 @@ pub(crate) struct EngineConfig {
     /// Tokens per KV block, the prefix cache's unit.
     pub block_tokens: u64,
     pub prefix_caching: bool,
+    /// At most this many tokens of cached blocks nobody uses stay cached; `None`: as many as
+    /// the free KV holds.
+    pub prefix_cache_tokens: Option<u64>,
 }
 
 /// A request whose KV need exceeds the whole budget: vLLM rejects these instead of queueing them
@@ -288,7 +291,7 @@ impl Inner {
         st.running += 1;
         st.kv_written += d.need.written;
         let room = self.cfg.kv_tokens.saturating_sub(self.kv_used(st));
-        st.cache.evict_to(room / bt);
+        st.cache.evict_to(self.cached_room(room) / bt);
         st.admitted += 1;
         st.peak_running = st.peak_running.max(st.running);
         st.peak_in_flight = st.peak_in_flight.max(st.running + st.queue.len());
@@ -306,7 +309,17 @@ impl Inner {
         st.own = st.own.saturating_sub(grant.own);
         st.kv_written = st.kv_written.saturating_sub(need.written);
         st.cache.release(&grant.held);
+        if let Some(cap) = self.cfg.prefix_cache_tokens {
+            st.cache.evict_to(cap / self.block_tokens());
+        }
         self.mirror(st);
+    }
+
+    /// The free KV cached blocks may keep: `room`, or less with a capped prefix cache.
+    fn cached_room(&self, room: u64) -> u64 {
+        self.cfg
+            .prefix_cache_tokens
+            .map_or(room, |cap| cap.min(room))
     }
 
     fn mirror(&self, st: &State) {
@@ -530,6 +543,7 @@ mod tests {
             kv_reserve,
             block_tokens: 16,
             prefix_caching: true,
+            prefix_cache_tokens: None,
         })
     }
 
@@ -880,6 +894,30 @@ mod tests {
         drop(cold);
         assert!(e.reset_prefix_cache());
         assert_eq!(e.snapshot().kv_cached_free, 0);
+    }
+
+    #[tokio::test]
+    async fn a_capped_prefix_cache_keeps_only_the_heads_it_holds() {
+        // Plenty of KV for running requests, but 32 tokens (two blocks) of free cache.
+        let e = Engine::new(EngineConfig {
+            prefix_cache_tokens: Some(32),
+            ..engine(1000, 8).inner.cfg.clone()
+        });
+        let a = e.admit(prompt(&e, &[1, 2, 3], 0)).await.unwrap();
+        let b = e.admit(prompt(&e, &[7, 8], 0)).await.unwrap();
+        // Blocks in use are never capped.
+        assert_eq!(e.snapshot().kv_used, 58 + 42);
+        drop(a);
+        // a's three blocks were freed, tail first, and only two stay: its head.
+        assert_eq!(e.snapshot().kv_cached_free, 32);
+        drop(b);
+        // b's freed blocks are newer: they push a's out.
+        assert_eq!(e.snapshot().kv_cached_free, 32);
+        let again = e.admit(prompt(&e, &[7, 8], 0)).await.unwrap();
+        assert_eq!(again.cached_tokens(), 16, "all but the last block");
+        drop(again);
+        let cold = e.admit(prompt(&e, &[1, 2, 3], 0)).await.unwrap();
+        assert_eq!(cold.cached_tokens(), 0, "evicted by the cap, not by KV");
     }
 
     #[test]

@@ -274,9 +274,10 @@ pub(crate) async fn stream(sim: Arc<Sim>, job: Job, frames: SseFrames, tx: mpsc:
     if !sleep_or_closed(&tx, pacer.deadline()).await {
         return;
     }
+    let cached = sim.prompt_tokens_details.then_some(served.cached_tokens);
     let tail = [
         Some(frames.finish),
-        frames.usage,
+        frames.usage.map(|u| u.render(cached)),
         Some(Bytes::from_static(SSE_DONE)),
     ];
     for frame in tail.into_iter().flatten() {

@@ -401,7 +401,11 @@ async fn completion_inner(
         let mut resp = respond(
             StatusCode::OK,
             Some(JSON),
-            api::completion_body(&meta, &job.spec),
+            api::completion_body(
+                &meta,
+                &job.spec,
+                sim.prompt_tokens_details.then_some(served.cached_tokens),
+            ),
         );
         let h = resp.headers_mut();
         let queue_ms = format!("{:.3}", served.queued.as_secs_f64() * 1000.0);

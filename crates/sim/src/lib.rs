@@ -100,6 +100,12 @@ pub struct SimArgs {
     /// Automatic prefix caching: a prompt's leading blocks found cached skip prefill and need no new KV; blocks of finished requests stay cached in free KV until evicted (LRU)
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub prefix_caching: Switch,
+    /// At most this many tokens of cached blocks no request uses are kept (least recently freed evicted first); default: all the free KV holds. A small cache thrashes when more distinct prompt heads come than it holds, without limiting the running batch's KV
+    #[arg(long)]
+    pub prefix_cache_tokens: Option<u64>,
+    /// As vLLM's flag: usage reports the prompt tokens the prefix cache served, as prompt_tokens_details.cached_tokens (in a stream's usage chunk with stream_options.include_usage)
+    #[arg(long)]
+    pub enable_prompt_tokens_details: bool,
     /// Waiting-queue order; with priority, lower `priority` values are admitted first
     #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
     pub scheduling_policy: SchedulingPolicy,
@@ -114,6 +120,8 @@ pub(crate) struct Sim {
     scheduling_policy: SchedulingPolicy,
     default_max_tokens: u64,
     legacy_metrics: bool,
+    /// `--enable-prompt-tokens-details`.
+    pub(crate) prompt_tokens_details: bool,
     engines: usize,
     /// Reported as the models' `created` time.
     started: u64,
@@ -174,12 +182,14 @@ impl Sim {
                 kv_reserve: args.kv_reserve,
                 block_tokens: args.block_size,
                 prefix_caching: args.prefix_caching == Switch::On,
+                prefix_cache_tokens: args.prefix_cache_tokens,
             }),
             metrics: Metrics::new(args.engines),
             models,
             scheduling_policy: args.scheduling_policy,
             default_max_tokens: args.default_max_tokens.max(1),
             legacy_metrics: args.legacy_metrics,
+            prompt_tokens_details: args.enable_prompt_tokens_details,
             engines: args.engines,
             started: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -309,6 +319,8 @@ mod tests {
             engines: 1,
             block_size: 16,
             prefix_caching: Switch::On,
+            prefix_cache_tokens: None,
+            enable_prompt_tokens_details: false,
             scheduling_policy: SchedulingPolicy::Fcfs,
             loras: Vec::new(),
         }
@@ -841,6 +853,45 @@ mod tests {
             stats(&client, &base).await["prefix_cache_queries_tokens"],
             0
         );
+    }
+
+    #[tokio::test]
+    async fn usage_reports_the_cached_prompt_tokens_when_asked_to() {
+        let system = "You are terse. ".repeat(43)[..640].to_string();
+        let ask = |user: &str, stream: bool| {
+            Some(json!({"max_tokens": 2, "stream": stream,
+                "stream_options": {"include_usage": true}, "messages": [
+                {"role": "system", "content": system}, {"role": "user", "content": user}]}))
+        };
+        let details = |body: &[u8], stream: bool| -> Value {
+            let text = String::from_utf8_lossy(body).to_string();
+            let json = if stream {
+                text.split("\n\n")
+                    .filter_map(|e| e.strip_prefix("data: "))
+                    .find(|e| e.contains("\"usage\""))
+                    .unwrap()
+                    .to_string()
+            } else {
+                text
+            };
+            let v: Value = serde_json::from_str(&json).unwrap();
+            v["usage"]["prompt_tokens_details"].clone()
+        };
+        let (base, client) = start_with(|a| a.enable_prompt_tokens_details = true).await;
+        let url = format!("{base}/v1/chat/completions");
+        let (_, _, b) = call(&client, "POST", url.clone(), ask("first?", false)).await;
+        assert_eq!(details(&b, false), json!({"cached_tokens": 0}));
+        let (_, _, b) = call(&client, "POST", url.clone(), ask("second?", true)).await;
+        assert_eq!(details(&b, true), json!({"cached_tokens": 160}));
+        let (_, _, b) = call(&client, "POST", url.clone(), ask("third?", false)).await;
+        assert_eq!(details(&b, false), json!({"cached_tokens": 160}));
+        // Without the flag, as vLLM: no details.
+        let (base, client) = start().await;
+        let url = format!("{base}/v1/chat/completions");
+        for stream in [false, true] {
+            let (_, _, b) = call(&client, "POST", url.clone(), ask("again?", stream)).await;
+            assert_eq!(details(&b, stream), Value::Null);
+        }
     }
 
     #[tokio::test]

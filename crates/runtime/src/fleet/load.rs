@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Scraped figures older than this are ignored (a backend that stopped answering its
@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 const SCRAPE_STALE: Duration = Duration::from_secs(5);
 const UNKNOWN: u32 = u32::MAX;
 
-fn since_start() -> u64 {
+/// Milliseconds since the first call, on a monotonic clock.
+pub(crate) fn since_start() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
@@ -33,6 +34,69 @@ pub struct BackendLoad {
     /// vLLM's waiting requests, or `UNKNOWN`.
     waiting: AtomicU32,
     scraped_at: AtomicU64,
+    /// vLLM's prefix-cache counters: the last reading, and what they grew by lately.
+    prefix: Mutex<PrefixWindow>,
+}
+
+/// Prompt tokens served from a prefix cache, and those asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PrefixCache {
+    pub hits: f64,
+    pub queries: f64,
+}
+
+impl PrefixCache {
+    pub fn rate(&self) -> Option<f64> {
+        (self.queries > 0.0).then(|| (self.hits / self.queries).clamp(0.0, 1.0))
+    }
+}
+
+impl std::ops::Add for PrefixCache {
+    type Output = PrefixCache;
+
+    fn add(self, o: PrefixCache) -> PrefixCache {
+        PrefixCache {
+            hits: self.hits + o.hits,
+            queries: self.queries + o.queries,
+        }
+    }
+}
+
+/// How fast the prefix-cache growth forgets: half as much after this. Long enough to average a
+/// few dozen scrapes, short enough to show a cache that started thrashing within a minute.
+const PREFIX_HALF_LIFE_MS: f64 = 15_000.0;
+
+#[derive(Debug, Default)]
+struct PrefixWindow {
+    last: Option<PrefixCache>,
+    /// The counters' growth, decayed to `at`.
+    grown: PrefixCache,
+    at: u64,
+}
+
+impl PrefixWindow {
+    fn decayed(&self, now: u64) -> PrefixCache {
+        let k = 0.5f64.powf(now.saturating_sub(self.at) as f64 / PREFIX_HALF_LIFE_MS);
+        PrefixCache {
+            hits: self.grown.hits * k,
+            queries: self.grown.queries * k,
+        }
+    }
+
+    fn record(&mut self, now: u64, reading: PrefixCache) {
+        let grown = self.decayed(now);
+        // Counters that went back belong to a restarted replica: its growth starts again.
+        let delta = match self.last {
+            Some(l) if reading.hits >= l.hits && reading.queries >= l.queries => PrefixCache {
+                hits: reading.hits - l.hits,
+                queries: reading.queries - l.queries,
+            },
+            _ => PrefixCache::default(),
+        };
+        self.grown = grown + delta;
+        self.at = now;
+        self.last = Some(reading);
+    }
 }
 
 impl Default for BackendLoad {
@@ -45,6 +109,7 @@ impl Default for BackendLoad {
             kv_milli: AtomicU32::new(UNKNOWN),
             waiting: AtomicU32::new(UNKNOWN),
             scraped_at: AtomicU64::new(0),
+            prefix: Mutex::default(),
         }
     }
 }
@@ -131,6 +196,22 @@ impl BackendLoad {
             .store(since_start().max(1), Ordering::Relaxed);
     }
 
+    /// A scrape's prefix-cache counters (cumulative tokens hit and asked).
+    pub fn set_prefix_counters(&self, reading: PrefixCache) {
+        let mut w = self.prefix.lock().unwrap_or_else(|e| e.into_inner());
+        w.record(since_start(), reading);
+    }
+
+    /// What the prefix cache served lately (decayed growth of its counters); nothing once the
+    /// scrapes stopped answering.
+    pub fn prefix_cache(&self) -> PrefixCache {
+        if !self.fresh() {
+            return PrefixCache::default();
+        }
+        let w = self.prefix.lock().unwrap_or_else(|e| e.into_inner());
+        w.decayed(since_start())
+    }
+
     fn fresh(&self) -> bool {
         let at = self.scraped_at.load(Ordering::Relaxed);
         at > 0 && since_start().saturating_sub(at) <= SCRAPE_STALE.as_millis() as u64
@@ -195,5 +276,42 @@ impl BackendLoads {
         for l in self.by_config.get(configured).into_iter().flatten() {
             l.set_scraped(kv_usage, waiting);
         }
+    }
+
+    /// The prefix-cache counters of a scrape of `configured`.
+    pub fn record_prefix_counters(&self, configured: &str, reading: PrefixCache) {
+        for l in self.by_config.get(configured).into_iter().flatten() {
+            l.set_prefix_counters(reading);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(hits: f64, queries: f64) -> PrefixCache {
+        PrefixCache { hits, queries }
+    }
+
+    #[test]
+    fn the_prefix_cache_rate_is_the_counters_recent_growth() {
+        let mut w = PrefixWindow::default();
+        // Since start the replica hit half; what it does now is what counts.
+        w.record(0, counters(5_000.0, 10_000.0));
+        assert_eq!(w.decayed(0).rate(), None, "one reading: no growth yet");
+        w.record(1_000, counters(5_100.0, 11_000.0));
+        assert_eq!(w.decayed(1_000).rate(), Some(0.1));
+        // Older growth weighs half after the half-life.
+        w.record(16_000, counters(6_100.0, 12_000.0));
+        let r = w.decayed(16_000).rate().unwrap();
+        assert!((r - 1050.0 / 1500.0).abs() < 1e-9, "{r}");
+        // A restarted replica's counters start again from zero: no negative growth, and the
+        // next reading grows from the restart's.
+        let before = w.decayed(17_000);
+        w.record(17_000, counters(10.0, 20.0));
+        assert_eq!(w.decayed(17_000), before);
+        w.record(17_000, counters(10.0, 520.0));
+        assert_eq!(w.decayed(17_000).queries, before.queries + 500.0);
     }
 }

@@ -4,5 +4,5 @@
 pub mod load;
 pub mod routes;
 
-pub use load::{BackendLoad, BackendLoads, Lease};
+pub use load::{BackendLoad, BackendLoads, Lease, PrefixCache};
 pub use routes::{Discovered, Fleet, PoolModels, PoolSpec, Route, Routes};

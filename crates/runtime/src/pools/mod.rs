@@ -4,12 +4,14 @@
 //! ([`select`]); and what a request that failed before its first byte may do next: the replicas
 //! passively ejected for failing ([`eject`]) and each pool's retry budget ([`budget`]).
 
+mod affinity;
 mod budget;
 mod discovery;
 mod eject;
 mod health;
 mod select;
 
+pub use affinity::{cached_tokens, AffinityStatus, AffinityTicket};
 pub use budget::{BudgetCheck, RetryBudget};
 pub use discovery::ModelDiscovery;
 pub use eject::{
@@ -73,8 +75,8 @@ pub struct PoolHandle {
     /// backend's info by address) was ~2k instructions a request, the largest part of
     /// `upstream_peer`.
     usable: ArcSwapOption<UsableSet>,
-    /// Where prompt heads live, kept across health changes.
-    homes: select::Homes,
+    /// Where prompt heads live, kept across health changes, and whether sending them there pays.
+    affinity: Arc<affinity::Affinity>,
     /// `pools.<name>.retries`: times a request first sent here may be sent again.
     pub retries: u32,
     pub ejection: EjectionConfig,
@@ -178,6 +180,8 @@ pub struct BackendStatus {
     pub waiting: Option<u32>,
     /// The models it serves, once known.
     pub models: Option<Vec<String>>,
+    /// Its prefix-cache hit rate in tokens, as the pool's (`prefix_cache_hit_rate`).
+    pub prefix_cache_hit_rate: Option<f64>,
     /// Its failed attempts in a row (connect, reset, 5xx).
     pub consecutive_failures: u32,
     /// Out of selection for failing, and until when; `null` when not.
@@ -225,6 +229,13 @@ pub struct PoolStatus {
     pub ejections: std::collections::BTreeMap<&'static str, u64>,
     /// Failures not retried, by why: `budget`, `limit`, `no_replica`.
     pub retries_denied: std::collections::BTreeMap<&'static str, u64>,
+    /// Prompt tokens the pool's replicas served from their prefix caches over those they were
+    /// asked, over the last half minute or so (vLLM's `prefix_cache_hits` and `_queries`
+    /// counters, scraped); `null` until two scrapes have counted some.
+    pub prefix_cache_hit_rate: Option<f64>,
+    /// With `prefix_affinity`: whether homes keep their heads, and so whether they are used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<AffinityStatus>,
     pub backends: Vec<BackendStatus>,
 }
 
@@ -267,7 +278,7 @@ impl PoolSet {
                 balancer: svc.task(),
                 infos,
                 usable: ArcSwapOption::empty(),
-                homes: select::Homes::default(),
+                affinity: Arc::default(),
                 retries: c.retries,
                 ejection: c.ejection.clone(),
                 budget,
@@ -365,10 +376,15 @@ impl PoolSet {
         h.balancer.backends().ready(b) && self.registry.passed_once(b)
     }
 
-    /// A usable backend of `h` for the request `want` describes.
-    pub fn select(&self, h: &PoolHandle, want: Want<'_>) -> Option<(Backend, BackendInfo)> {
+    /// A usable backend of `h` for the request `want` describes; with prefix affinity, a ticket
+    /// when it is the head's home, for the answer to say whether the home kept the head.
+    pub fn select(
+        &self,
+        h: &PoolHandle,
+        want: Want<'_>,
+    ) -> Option<(Backend, BackendInfo, Option<AffinityTicket>)> {
         self.with_usable(h, |set| {
-            set.pick(h.selection, h.load_bound, h.index, want, &h.homes)
+            set.pick(h.selection, h.load_bound, h.index, want, &h.affinity)
         })
     }
 
@@ -534,6 +550,7 @@ impl PoolSet {
                     },
                     kv_usage: load.kv_usage(),
                     waiting: load.waiting(),
+                    prefix_cache_hit_rate: load.prefix_cache().rate(),
                     models: models.and_then(|m| m.models_of(&info.name)),
                     backend: info.name.to_string(),
                 })
@@ -546,6 +563,11 @@ impl PoolSet {
         pool_models.sort();
         pool_models.dedup();
         let window = h.budget.window(now);
+        let cache = h
+            .infos
+            .values()
+            .map(|i| i.load.prefix_cache())
+            .fold(crate::fleet::PrefixCache::default(), |a, b| a + b);
         PoolStatus {
             name: h.name.clone(),
             class: h.class.as_str(),
@@ -571,6 +593,8 @@ impl PoolSet {
                 .iter()
                 .map(|w| (w.as_str(), h.stats.denials(*w)))
                 .collect(),
+            prefix_cache_hit_rate: cache.rate(),
+            affinity: (h.selection == Selection::PrefixAffinity).then(|| h.affinity.status()),
             backends,
         }
     }

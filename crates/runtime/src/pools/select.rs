@@ -4,12 +4,12 @@
 //! until that replica carries more than `load_bound` times the pool's mean; then the next
 //! replica on the ring, as in Mirrokni, Thorup and Zadimoghaddam, 2018).
 
+use super::affinity::{Affinity, AffinityTicket, Home, Homes};
 use super::BackendInfo;
 use pingora::lb::Backend;
 use pingora_ketama::{Bucket, Continuum};
 use sluice_config::Selection;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// What a pick needs to know of the request.
@@ -23,49 +23,6 @@ pub struct Want<'a> {
     pub exclude: &'a [Arc<str>],
 }
 
-/// A pool's usable backends, in the balancer's order, each with its [`BackendInfo`], and the
-/// ring over them (built with the set, which changes only when health does).
-/// Where each prompt head lives, per pool: its home, and the replica its bursts spill to. A
-/// request whose head has a home goes there while the home is within the load bound, else to
-/// the spill replica while that one is, so a shared system prompt is cached on one replica, or
-/// two when it is hot, instead of on every replica a burst happened to reach. Two generations
-/// of at most `HOMES` heads each approximate an LRU: a head not seen for two generations is
-/// forgotten and placed afresh.
-#[derive(Default)]
-pub struct Homes(std::sync::Mutex<(HashMap<u64, Home>, HashMap<u64, Home>)>);
-
-#[derive(Clone)]
-struct Home {
-    first: Arc<str>,
-    spill: Option<Arc<str>>,
-}
-
-const HOMES: usize = 8192;
-
-impl Homes {
-    fn get(&self, key: u64) -> Option<Home> {
-        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(h) = g.0.get(&key) {
-            return Some(h.clone());
-        }
-        let h = g.1.remove(&key)?;
-        Self::put(&mut g, key, h.clone());
-        Some(h)
-    }
-
-    fn set(&self, key: u64, home: Home) {
-        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        Self::put(&mut g, key, home);
-    }
-
-    fn put(g: &mut (HashMap<u64, Home>, HashMap<u64, Home>), key: u64, home: Home) {
-        if g.0.len() >= HOMES {
-            g.1 = std::mem::take(&mut g.0);
-        }
-        g.0.insert(key, home);
-    }
-}
-
 /// Requests' worth of waiting a home may hold above the pool's mean whatever `load_bound`
 /// allows, counted on the quickest replica: a spill costs the head's whole prefill again (about
 /// three answers' time to first token where the head is cached, for a 2,000-token head), and
@@ -74,6 +31,8 @@ impl Homes {
 /// on every ordinary burst (and its cache with it).
 const BOUND_SLACK: f64 = 3.0;
 
+/// A pool's usable backends, in the balancer's order, each with its [`BackendInfo`], and the
+/// ring over them (built with the set, which changes only when health does).
 pub(super) struct UsableSet {
     pub(super) generation: u64,
     pub(super) backends: Box<[(Backend, BackendInfo)]>,
@@ -98,30 +57,47 @@ impl UsableSet {
     }
 
     /// The backend for a request, by the pool's `selection`; `ordinal` keys this thread's
-    /// round-robin counter for the pool.
+    /// round-robin counter for the pool. With prefix affinity, a request sent to its head's home
+    /// comes with a ticket: its answer tells whether the home kept the head.
     pub(super) fn pick(
         &self,
         selection: Selection,
         load_bound: f64,
         ordinal: usize,
         want: Want<'_>,
-        homes: &Homes,
-    ) -> Option<(Backend, BackendInfo)> {
+        affinity: &Arc<Affinity>,
+    ) -> Option<(Backend, BackendInfo, Option<AffinityTicket>)> {
         let ok = |info: &BackendInfo| want.serves.is_none_or(|serves| serves(&info.name));
         let avoid = |info: &BackendInfo| want.exclude.contains(&info.name);
         let start = next(ordinal);
         let n = self.backends.len();
         let at = |i: usize| &self.backends[(start + i) % n.max(1)];
         let candidates = || (0..n).map(at).filter(|(_, info)| ok(info));
-        let chosen = match selection {
-            Selection::RoundRobin => candidates().find(|(_, info)| !avoid(info)),
-            Selection::LeastLoad => least_loaded(candidates().filter(|(_, i)| !avoid(i))),
+        let allowed = |info: &BackendInfo| ok(info) && !avoid(info);
+        let (chosen, home) = match selection {
+            Selection::RoundRobin => (candidates().find(|(_, info)| !avoid(info)), false),
+            Selection::LeastLoad => (least_loaded(candidates().filter(|(_, i)| !avoid(i))), false),
             Selection::PrefixAffinity => match want.prefix {
-                Some(key) => self.affine(key, load_bound, homes, &|info| ok(info) && !avoid(info)),
-                None => least_loaded(candidates().filter(|(_, i)| !avoid(i))),
+                Some(key) if affinity.affine() => {
+                    split(self.affine(key, load_bound, &affinity.homes, &allowed))
+                }
+                Some(key) => split(self.spread(key, &affinity.homes, &allowed)),
+                None => (least_loaded(candidates().filter(|(_, i)| !avoid(i))), false),
             },
         };
-        chosen.cloned()
+        let (b, info) = chosen?;
+        Some((b.clone(), info.clone(), home.then(|| affinity.ticket())))
+    }
+
+    /// What loads are priced in over `set`: the time to first byte of a backend not measured
+    /// yet, and one request's worth of waiting on the quickest replica.
+    fn prices<'a>(set: impl Iterator<Item = &'a (Backend, BackendInfo)> + Clone) -> (f64, f64) {
+        let default = unmeasured_ttfb_ms(set.clone());
+        let unit = set
+            .map(|(_, i)| i.load.ttfb_ms().unwrap_or(default))
+            .fold(f64::INFINITY, f64::min)
+            .max(0.001);
+        (default, unit)
     }
 
     /// Prefix affinity with bounded loads (Mirrokni, Thorup and Zadimoghaddam): the head's home
@@ -133,27 +109,22 @@ impl UsableSet {
     /// home is placed on its Ketama ring node when that node is no busier than the mean (so
     /// Sluice replicas agree on where a head lives), else on the least loaded: a few hot heads
     /// that hash together do not pile on one replica, and a head seen once costs what least
-    /// load would.
+    /// load would. The flag says the request went to its head's home.
     fn affine(
         &self,
         key: u64,
         load_bound: f64,
         homes: &Homes,
         allowed: &dyn Fn(&BackendInfo) -> bool,
-    ) -> Option<&(Backend, BackendInfo)> {
+    ) -> Option<(&(Backend, BackendInfo), bool)> {
         let allowed_set = || self.backends.iter().filter(|(_, i)| allowed(i));
         let n = allowed_set().count();
         if n == 0 {
             return None;
         }
         // Loads are priced as least load prices them (work ahead times time to first byte),
-        // so a replica that answers slowly reaches its bound with fewer requests; `unit` is
-        // one request's worth of waiting on the quickest replica.
-        let default = unmeasured_ttfb_ms(allowed_set());
-        let unit = allowed_set()
-            .map(|(_, i)| i.load.ttfb_ms().unwrap_or(default))
-            .fold(f64::INFINITY, f64::min)
-            .max(0.001);
+        // so a replica that answers slowly reaches its bound with fewer requests.
+        let (default, unit) = Self::prices(allowed_set());
         let load = |e: &(Backend, BackendInfo)| e.1.load.cost(default);
         let mean = allowed_set().map(load).sum::<f64>() / n as f64;
         let bound = (load_bound * mean).max(mean + BOUND_SLACK * unit);
@@ -161,18 +132,18 @@ impl UsableSet {
         if let Some(mut home) = homes.get(key) {
             if let Some(first) = find(&home.first) {
                 if load(first) <= bound {
-                    return Some(first);
+                    return Some((first, true));
                 }
                 if let Some(spill) = home.spill.as_ref().and_then(find) {
                     if load(spill) <= bound {
-                        return Some(spill);
+                        return Some((spill, false));
                     }
                 }
                 let spill = least_loaded(allowed_set().filter(|(_, i)| i.name != home.first))
                     .unwrap_or(first);
                 home.spill = Some(Arc::clone(&spill.1.name));
                 homes.set(key, home);
-                return Some(spill);
+                return Some((spill, spill.1.name == first.1.name));
             }
         }
         let on_ring = self.ring.as_ref().and_then(|ring| {
@@ -192,8 +163,46 @@ impl UsableSet {
                 spill: None,
             },
         );
-        Some(placed)
+        Some((placed, false))
     }
+
+    /// Spreading by load, when homes do not keep their heads: the least loaded replica, or the
+    /// head's home when it is within half a request of it (on the quickest replica): as good a
+    /// place for the load, it may still hold the head, and its answer keeps the evidence coming
+    /// that ends the spreading. A head first seen now makes the replica chosen its home, for a
+    /// trial of affinity to start from.
+    fn spread(
+        &self,
+        key: u64,
+        homes: &Homes,
+        allowed: &dyn Fn(&BackendInfo) -> bool,
+    ) -> Option<(&(Backend, BackendInfo), bool)> {
+        let allowed_set = || self.backends.iter().filter(|(_, i)| allowed(i));
+        let least = least_loaded(allowed_set())?;
+        let Some(home) = homes.get(key) else {
+            homes.set(
+                key,
+                Home {
+                    first: Arc::clone(&least.1.name),
+                    spill: None,
+                },
+            );
+            return Some((least, false));
+        };
+        let Some(first) = allowed_set().find(|(_, i)| i.name == home.first) else {
+            return Some((least, false));
+        };
+        let (default, unit) = Self::prices(allowed_set());
+        if first.1.load.cost(default) <= least.1.load.cost(default) + 0.5 * unit {
+            return Some((first, true));
+        }
+        Some((least, false))
+    }
+}
+
+/// A pick and whether it is the head's home, as optional parts.
+fn split(p: Option<(&(Backend, BackendInfo), bool)>) -> (Option<&(Backend, BackendInfo)>, bool) {
+    p.map_or((None, false), |(e, home)| (Some(e), home))
 }
 
 /// The time to first byte a backend not measured yet is priced at: the mean of those that are
@@ -253,7 +262,7 @@ mod tests {
 
     thread_local! {
         // One pool's homes per test (each test runs on its own thread).
-        static HOMES: Homes = Homes::default();
+        static AFFINITY: Arc<Affinity> = Arc::default();
     }
 
     impl UsableSet {
@@ -264,7 +273,9 @@ mod tests {
             ordinal: usize,
             want: Want<'_>,
         ) -> Option<(Backend, BackendInfo)> {
-            HOMES.with(|h| self.pick(selection, load_bound, ordinal, want, h))
+            AFFINITY
+                .with(|a| self.pick(selection, load_bound, ordinal, want, a))
+                .map(|(b, i, _)| (b, i))
         }
     }
 
@@ -491,6 +502,47 @@ mod tests {
             "a slow home keeps its head while unloaded"
         );
         assert_eq!(when_slow, 2);
+    }
+
+    #[test]
+    fn homes_that_do_not_keep_their_heads_give_way_to_least_load() {
+        let mut loads = BackendLoads::default();
+        let set = set_of(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], &mut loads);
+        let affinity: Arc<Affinity> = Arc::default();
+        let pick = |key| {
+            set.pick(Selection::PrefixAffinity, 1.25, 5, want(key), &affinity)
+                .map(|(_, i, t)| (i, t.is_some()))
+                .unwrap()
+        };
+        // Placed: not sent home yet, so its answer says nothing of the home.
+        let (home, ticket) = pick(7);
+        assert!(!ticket);
+        let mut held = vec![home.load.lease(), home.load.lease()];
+        // Affinity: home within its bound, with a ticket for the answer.
+        let (again, ticket) = pick(7);
+        assert_eq!((&*again.name, ticket), (&*home.name, true));
+        // The homes lose their heads: requests go where load is least.
+        affinity.judge_with(|j| {
+            for t in 0..60u64 {
+                j.observe(t * 100, false);
+            }
+        });
+        assert!(!affinity.status().paying);
+        for _ in 0..4 {
+            let (p, ticket) = pick(7);
+            assert_ne!(&*p.name, &*home.name);
+            assert!(!ticket);
+            held.push(p.load.lease());
+        }
+        // Now the home is as loaded as the rest: it is as good a place, and may hold the head.
+        let (p, ticket) = pick(7);
+        assert_eq!((&*p.name, ticket), (&*home.name, true));
+        drop(held);
+        // A head first seen while spreading goes where load is least, and lives there.
+        let (first, ticket) = pick(99);
+        assert!(!ticket);
+        let (second, ticket) = pick(99);
+        assert_eq!((&*second.name, ticket), (&*first.name, true));
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct BackendScrape {
     pub ttft: Option<Histogram>,
     #[serde(skip)]
     pub itl: Option<Histogram>,
+    /// vLLM's prefix-cache counters (cumulative hit and queried tokens).
+    #[serde(skip)]
+    pub prefix_cache: Option<crate::fleet::PrefixCache>,
     pub error: Option<String>,
 }
 
@@ -882,6 +885,7 @@ mod tests {
                 queue_time: Some(Histogram { sum, count }),
                 ttft: None,
                 itl: None,
+                prefix_cache: None,
                 error: None,
             }];
             hub.record_scrape(0, ScrapeRound::aggregate(at, backends));
@@ -909,6 +913,7 @@ mod tests {
                 queue_time: None,
                 ttft: None,
                 itl: Some(Histogram { sum, count }),
+                prefix_cache: None,
                 error: None,
             };
             let backends = vec![backend("a", a), backend("b", b)];
@@ -942,6 +947,7 @@ mod tests {
             queue_time: None,
             ttft: None,
             itl: None,
+            prefix_cache: None,
             error: None,
         }];
         hub.record_scrape(0, ScrapeRound::aggregate(hub.clock().now_ms(), backends));
@@ -969,6 +975,7 @@ mod tests {
                 queue_time: None,
                 ttft: None,
                 itl: None,
+                prefix_cache: None,
                 error: None,
             }]
         };

@@ -71,6 +71,9 @@ impl SignalSampler {
         for (pool, round) in join_all(rounds).await {
             for b in &round.backends {
                 self.loads.record_scrape(&b.backend, b.kv_usage, b.waiting);
+                if let Some(p) = b.prefix_cache {
+                    self.loads.record_prefix_counters(&b.backend, p);
+                }
             }
             if round.backends.is_empty() {
                 continue; // a pool without backends: leave it unavailable rather than erroring
@@ -90,6 +93,7 @@ async fn scrape(connector: &Connector, target: &Target, timeout: Duration) -> Ba
         queue_time: None,
         ttft: None,
         itl: None,
+        prefix_cache: None,
         error: Some(error),
     };
     match tokio::time::timeout(timeout, fetch(connector, target, timeout)).await {
@@ -106,6 +110,7 @@ async fn scrape(connector: &Connector, target: &Target, timeout: Duration) -> Ba
                 queue_time: reading.queue_time,
                 ttft: reading.ttft,
                 itl: reading.itl,
+                prefix_cache: reading.prefix_cache,
                 error,
             }
         }

@@ -73,6 +73,8 @@ pub struct BackendReading {
     pub ttft: Option<Histogram>,
     /// The inter-token latency histogram (under either name).
     pub itl: Option<Histogram>,
+    /// The prefix cache's cumulative hit and queried prompt tokens, summed over engines.
+    pub prefix_cache: Option<PrefixCache>,
 }
 
 /// A histogram's cumulative sum (seconds) and count.
@@ -137,6 +139,18 @@ const ITL_SUM: &str = "vllm:inter_token_latency_seconds_sum";
 const ITL_COUNT: &str = "vllm:inter_token_latency_seconds_count";
 const ITL_LEGACY_SUM: &str = "vllm:time_per_output_token_seconds_sum";
 const ITL_LEGACY_COUNT: &str = "vllm:time_per_output_token_seconds_count";
+/// vLLM v1 declares counters `vllm:prefix_cache_hits` and `_queries` (tokens), which
+/// Prometheus's client exposes with `_total`; some releases named them `gpu_prefix_cache_*`.
+const PREFIX_HITS: [&str; 2] = [
+    "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_hits_total",
+];
+const PREFIX_QUERIES: [&str; 2] = [
+    "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_queries_total",
+];
+
+pub use crate::fleet::PrefixCache;
 
 pub fn parse(text: &str) -> BackendReading {
     let (mut kv_now, mut kv_old, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
@@ -145,6 +159,8 @@ pub fn parse(text: &str) -> BackendReading {
     let mut ttft = (None::<f64>, None::<f64>);
     let mut itl = (None::<f64>, None::<f64>);
     let mut itl_old = (None::<f64>, None::<f64>);
+    // (hits, queries) under the current names and the older ones.
+    let mut prefix = [(None::<f64>, None::<f64>); 2];
     let add = |slot: &mut Option<f64>, v: f64| *slot = Some(slot.unwrap_or(0.0) + v);
     for line in text.lines() {
         let line = line.trim();
@@ -166,7 +182,13 @@ pub fn parse(text: &str) -> BackendReading {
             ITL_COUNT => add(&mut itl.1, value),
             ITL_LEGACY_SUM => add(&mut itl_old.0, value),
             ITL_LEGACY_COUNT => add(&mut itl_old.1, value),
-            _ => {}
+            n => {
+                if let Some(i) = PREFIX_HITS.iter().position(|p| *p == n) {
+                    add(&mut prefix[i].0, value);
+                } else if let Some(i) = PREFIX_QUERIES.iter().position(|p| *p == n) {
+                    add(&mut prefix[i].1, value);
+                }
+            }
         }
     }
     let kv = if kv_now.is_empty() { kv_old } else { kv_now };
@@ -183,6 +205,12 @@ pub fn parse(text: &str) -> BackendReading {
         ttft: histogram(ttft),
         // vLLM 0.11 exports both names for the same observations: the current one wins.
         itl: histogram(itl).or_else(|| histogram(itl_old)),
+        prefix_cache: prefix.iter().find_map(|(hits, queries)| {
+            Some(PrefixCache {
+                hits: (*hits)?,
+                queries: (*queries)?,
+            })
+        }),
     }
 }
 
@@ -216,6 +244,22 @@ vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 9.0\n";
         let r = parse(text);
         assert!((r.kv_usage.unwrap() - 0.6).abs() < 1e-9);
         assert_eq!(r.waiting, Some(7.0));
+    }
+
+    #[test]
+    fn prefix_cache_counters_are_summed_over_engines_under_either_name() {
+        let text = "# TYPE vllm:prefix_cache_hits_total counter\n\
+                    vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 600\n\
+                    vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 400\n\
+                    vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 3000\n\
+                    vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} 1000\n";
+        let p = parse(text).prefix_cache.unwrap();
+        assert_eq!((p.hits, p.queries), (1000.0, 4000.0));
+        let older = "vllm:gpu_prefix_cache_hits_total{engine=\"0\"} 5\n\
+                     vllm:gpu_prefix_cache_queries_total{engine=\"0\"} 10\n";
+        assert_eq!(parse(older).prefix_cache.unwrap().rate(), Some(0.5));
+        let half = "vllm:prefix_cache_hits_total 5\n";
+        assert_eq!(parse(half).prefix_cache, None, "hits without queries");
     }
 
     #[test]
