@@ -395,7 +395,11 @@ mod tests {
         let before = slow.ttfb_ms().unwrap();
         slow.observe_ttfb(Duration::from_millis(10));
         let after = slow.ttfb_ms().unwrap();
-        assert!(after <= before && after > 350.0, "{before} -> {after}");
+        // `before` may be read a millisecond into its decay and `after` at none: a hair above.
+        assert!(
+            after <= before * 1.001 && after > 350.0,
+            "{before} -> {after}"
+        );
         slow.observe_ttfb(Duration::from_millis(900));
         assert!(slow.ttfb_ms().unwrap() > 850.0);
     }
