@@ -172,7 +172,7 @@ pub fn finish(
     let proxied = record.backend.is_some();
     let recording = server.is_recording();
     let answer = if recording && proxied {
-        Answer::of(&ctx.response_tail, ctx.response_is_sse)
+        Answer::of(&ctx.response_tail)
     } else {
         Answer::default()
     };
@@ -331,7 +331,7 @@ impl Answer {
     /// answer's (nothing inside a choice has one); every string `finish_reason` is a choice's
     /// ending, which a stream sends once per choice. A stream's tail may begin inside an event:
     /// a key cut there does not match.
-    fn of(tail: &[u8], _sse: bool) -> Answer {
+    fn of(tail: &[u8]) -> Answer {
         Answer {
             model: string_values(tail, &MODEL_KEY).next(),
             finish_reasons: string_values(tail, &FINISH_REASON_KEY).collect(),
@@ -426,25 +426,23 @@ mod tests {
     #[test]
     fn the_answer_names_its_model_and_finish_reasons() {
         let json = br#"{"id":"x","model":"llama-3-8b","choices":[{"index":0,"message":{"content":"hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":3}}"#;
-        let a = Answer::of(json, false);
+        let a = Answer::of(json);
         assert_eq!(a.model.as_deref(), Some("llama-3-8b"));
         assert_eq!(a.finish_reasons, ["length"]);
 
         let sse = "ta\":1}\n\ndata: {\"model\":\"m\",\"choices\":[{\"index\":1,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
                    data: {\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n\
                    data: {\"model\":\"m\",\"choices\":[],\"usage\":{}}\n\ndata: [DONE]\n\n";
-        let a = Answer::of(sse.as_bytes(), true);
+        let a = Answer::of(sse.as_bytes());
         assert_eq!(a.model.as_deref(), Some("m"));
         assert_eq!(a.finish_reasons, ["stop", "length"]);
-        assert!(Answer::of(b"not json", false).model.is_none());
+        assert!(Answer::of(b"not json").model.is_none());
 
         // Escaped text, keys quoted inside content, a null ending, a value cut off.
         let json = br#"{"model":"m\u00e9","choices":[{"message":{"content":"say \"model\": no"},"finish_reason":null},{"finish_reason":"stop"}]}"#;
-        let a = Answer::of(json, false);
+        let a = Answer::of(json);
         assert_eq!(a.model.as_deref(), Some("m\u{e9}"));
         assert_eq!(a.finish_reasons, ["stop"]);
-        assert!(Answer::of(br#"{"model":"unterminated"#, false)
-            .model
-            .is_none());
+        assert!(Answer::of(br#"{"model":"unterminated"#).model.is_none());
     }
 }
