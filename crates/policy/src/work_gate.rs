@@ -36,6 +36,16 @@ pub fn prompt_tokens_of_body(body_bytes: usize) -> u64 {
     (body_bytes / 4) as u64
 }
 
+/// Tokens a chat template adds around each message (role header and end marker; Llama 3's
+/// take five, ChatML's four).
+const TEMPLATE_TOKENS_PER_MESSAGE: u64 = 4;
+
+/// Prompt tokens from the bytes of a prompt's text (and tool definitions) and its number of
+/// messages: about four bytes per token, as above, plus what the chat template adds.
+pub fn prompt_tokens_of_text(text_bytes: u64, messages: u64) -> u64 {
+    text_bytes.div_ceil(4) + TEMPLATE_TOKENS_PER_MESSAGE * messages
+}
+
 /// The learned limit of one pool.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkLimit {

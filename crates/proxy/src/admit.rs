@@ -149,9 +149,12 @@ async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx
         None => None,
     };
 
-    ctx.prompt_tokens = sluice_policy::work_gate::prompt_tokens_of_body(
-        raw.as_ref().map_or(declared.unwrap_or(0), |r| r.len()),
-    );
+    ctx.prompt_tokens = match ctx.facts.as_ref().and_then(|f| f.prompt_tokens) {
+        Some(n) => n,
+        None => sluice_policy::work_gate::prompt_tokens_of_body(
+            raw.as_ref().map_or(declared.unwrap_or(0), |r| r.len()),
+        ),
+    };
     let tier = match apply_quota(app, ctx, tier, shapeable).await {
         Ok(tier) => tier,
         Err(r) => return Ok(Err(r)),

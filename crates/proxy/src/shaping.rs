@@ -29,6 +29,10 @@ pub struct BodyFacts {
     /// A hash of the prompt's first [`PREFIX_BYTES`] (the messages' roles and text, or the
     /// prompt), when it has any.
     pub prefix: Option<u64>,
+    /// The prompt's estimated tokens from its text and tool definitions, when it has any: the
+    /// body's bytes count its JSON too (quotes, keys, escapes), a tenth or more of a short
+    /// prompt, and a tenant's fair share is charged by this.
+    pub prompt_tokens: Option<u64>,
 }
 
 /// What to do with the body's `priority` field.
@@ -64,15 +68,20 @@ impl Rewrite<'_> {
     }
 }
 
-/// Hashes the head of a prompt, piece by piece, up to [`PREFIX_BYTES`].
+/// Hashes the head of a prompt, piece by piece, up to [`PREFIX_BYTES`], and measures all of it.
 #[derive(Default)]
 struct PrefixHash {
     hasher: std::hash::DefaultHasher,
     fed: usize,
+    /// Bytes of text read (all of it, not just the head), and of tool definitions.
+    text: u64,
+    /// Messages (or items of a batched prompt) read.
+    pieces: u64,
 }
 
 impl PrefixHash {
     fn feed(&mut self, piece: &str) {
+        self.text += piece.len() as u64;
         let room = PREFIX_BYTES.saturating_sub(self.fed);
         let take = &piece.as_bytes()[..piece.len().min(room)];
         if !take.is_empty() {
@@ -84,18 +93,39 @@ impl PrefixHash {
     /// Between a message's role and its text, and after each message, so that "ab" + "c" and
     /// "a" + "bc" differ.
     fn mark(&mut self, byte: u8) {
+        self.pieces += u64::from(byte);
         if self.fed < PREFIX_BYTES {
             self.hasher.write_u8(byte);
         }
     }
 
-    fn finish(self) -> Option<u64> {
-        (self.fed > 0).then(|| self.hasher.finish())
+    /// Bytes the prompt carries besides its messages (tool definitions, rendered into it).
+    fn extra(&mut self, bytes: u64) {
+        self.text += bytes;
+    }
+
+    /// The prefix hash and the prompt's estimated tokens.
+    fn finish(self) -> (Option<u64>, Option<u64>) {
+        let tokens = (self.text > 0 || self.pieces > 0)
+            .then(|| sluice_policy::work_gate::prompt_tokens_of_text(self.text, self.pieces));
+        ((self.fed > 0).then(|| self.hasher.finish()), tokens)
     }
 }
 
-/// The prompt head's hash from a parsed body (the same as the streaming reader's).
-fn prefix_of(obj: &Map<String, Value>) -> Option<u64> {
+/// The bytes of a JSON value's strings and keys: what a chat template renders of tool
+/// definitions.
+fn text_bytes(v: &Value) -> u64 {
+    match v {
+        Value::String(s) => s.len() as u64,
+        Value::Array(a) => a.iter().map(text_bytes).sum(),
+        Value::Object(o) => o.iter().map(|(k, v)| k.len() as u64 + text_bytes(v)).sum(),
+        _ => 1,
+    }
+}
+
+/// The prompt head's hash and the prompt's estimated tokens from a parsed body (the same as
+/// the streaming reader's).
+fn prefix_of(obj: &Map<String, Value>) -> (Option<u64>, Option<u64>) {
     let mut h = PrefixHash::default();
     for (key, v) in obj {
         match (key.as_str(), v) {
@@ -127,12 +157,17 @@ fn prefix_of(obj: &Map<String, Value>) -> Option<u64> {
             ("prompt", Value::String(p)) => h.feed(p),
             ("prompt", Value::Array(ps)) => {
                 for p in ps {
-                    if let Value::String(p) = p {
-                        h.feed(p);
-                        h.mark(1);
+                    match p {
+                        Value::String(p) => {
+                            h.feed(p);
+                            h.mark(1);
+                        }
+                        Value::Number(_) => h.extra(4),
+                        _ => {}
                     }
                 }
             }
+            ("tools" | "functions", v) => h.extra(text_bytes(v)),
             _ => {}
         }
     }
@@ -194,6 +229,7 @@ pub fn shape(body: &[u8], rewrite: &Rewrite<'_>) -> Shaped {
 }
 
 pub fn facts_of(obj: &Map<String, Value>) -> BodyFacts {
+    let (prefix, prompt_tokens) = prefix_of(obj);
     BodyFacts {
         model: obj.get("model").and_then(Value::as_str).map(str::to_string),
         max_tokens: obj
@@ -202,7 +238,8 @@ pub fn facts_of(obj: &Map<String, Value>) -> BodyFacts {
             .and_then(Value::as_i64),
         stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
         has_priority: obj.contains_key("priority"),
-        prefix: prefix_of(obj),
+        prefix,
+        prompt_tokens,
     }
 }
 
@@ -244,6 +281,7 @@ impl<'de> serde::de::Visitor<'de> for FactsVisitor {
                 }
                 Key::Messages => map.next_value_seed(Messages(&mut prefix))?,
                 Key::Prompt => map.next_value_seed(Prompt(&mut prefix))?,
+                Key::Tools => prefix.extra(text_bytes(&map.next_value::<Value>()?)),
                 Key::Model => model = Some(map.next_value::<Value>()?),
                 Key::MaxTokens => max_tokens = Some(map.next_value::<Value>()?),
                 Key::MaxCompletionTokens => {
@@ -255,6 +293,7 @@ impl<'de> serde::de::Visitor<'de> for FactsVisitor {
                 }
             }
         }
+        let (prefix, prompt_tokens) = prefix.finish();
         Ok(FactsOnly(BodyFacts {
             // Moved out of the parsed value: a copy was one more allocation per request.
             model: match model {
@@ -267,7 +306,8 @@ impl<'de> serde::de::Visitor<'de> for FactsVisitor {
                 .and_then(Value::as_i64),
             stream: stream.as_ref().and_then(Value::as_bool).unwrap_or(false),
             has_priority,
-            prefix: prefix.finish(),
+            prefix,
+            prompt_tokens,
         }))
     }
 }
@@ -448,9 +488,14 @@ impl<'de> serde::de::DeserializeSeed<'de> for Prompt<'_> {
             Value::String(p) => self.0.feed(&p),
             Value::Array(ps) => {
                 for p in ps {
-                    if let Value::String(p) = p {
-                        self.0.feed(&p);
-                        self.0.mark(1);
+                    match p {
+                        Value::String(p) => {
+                            self.0.feed(&p);
+                            self.0.mark(1);
+                        }
+                        // A token id is one token.
+                        Value::Number(_) => self.0.extra(4),
+                        _ => {}
                     }
                 }
             }
@@ -470,6 +515,7 @@ enum Key {
     Priority,
     Messages,
     Prompt,
+    Tools,
     Other,
 }
 
@@ -490,6 +536,7 @@ impl<'de> serde::Deserialize<'de> for Key {
                     "priority" => Key::Priority,
                     "messages" => Key::Messages,
                     "prompt" => Key::Prompt,
+                    "tools" | "functions" => Key::Tools,
                     _ => Key::Other,
                 })
             }
@@ -732,5 +779,42 @@ mod tests {
         let prompt = facts(br#"{"prompt":"hello"}"#).unwrap().prefix;
         assert!(prompt.is_some());
         assert_eq!(facts(br#"{"model":"m"}"#).unwrap().prefix, None);
+    }
+
+    /// A prompt is counted by its text (four bytes a token) plus the chat template's few tokens
+    /// a message, not by the JSON around it; tool definitions count, as they are rendered into
+    /// the prompt; both readers agree.
+    #[test]
+    fn prompt_tokens_count_the_text_not_the_json() {
+        let text = "abcd".repeat(200);
+        let body = serde_json::json!({"model": "m", "max_tokens": 40, "messages": [
+            {"role": "user", "content": text}]});
+        let raw = body.to_string();
+        let tokens = |b: &str| {
+            let streamed = facts(b.as_bytes()).unwrap().prompt_tokens;
+            let parsed = match serde_json::from_str(b).unwrap() {
+                Value::Object(o) => facts_of(&o).prompt_tokens,
+                _ => unreachable!(),
+            };
+            assert_eq!(streamed, parsed, "{b}");
+            streamed
+        };
+        // 800 bytes of content and 4 of role: 201 tokens and 4 of template.
+        assert_eq!(tokens(&raw), Some(205));
+        assert!(raw.len() / 4 > 215, "the body's bytes over-count it");
+        // Escapes in the JSON are not the text's.
+        let quoted =
+            serde_json::json!({"messages": [{"role": "user", "content": "\"".repeat(400)}]});
+        assert_eq!(tokens(&quoted.to_string()), Some(101 + 4));
+        let tools = serde_json::json!({"messages": [{"role": "user", "content": "abcd"}],
+            "tools": [{"type": "function", "function": {"name": "lookup"}}]});
+        assert!(tokens(&tools.to_string()).unwrap() > 2 + 4);
+        assert_eq!(tokens(r#"{"prompt":[1,2,3]}"#), Some(3));
+        assert_eq!(tokens(r#"{"prompt":"abcdabcd"}"#), Some(2));
+        assert_eq!(
+            tokens(r#"{"model":"m"}"#),
+            None,
+            "no prompt: the body's size stands"
+        );
     }
 }

@@ -189,7 +189,7 @@ impl Affinity {
 impl AffinityTicket {
     /// The request's answer is complete: `ok` when it succeeded whole; `tail`, the end of its
     /// body (a completion's usage, or a stream's usage chunk); `prompt_tokens` from its usage;
-    /// `body_tokens`, the prompt's size estimated from its body (four bytes a token), for the
+    /// `body_tokens`, the prompt's size estimated from its text (four bytes a token), for the
     /// share of it the head's key covers.
     pub fn answered(self, ok: bool, tail: &[u8], prompt_tokens: Option<u64>, body_tokens: u64) {
         if !ok {
