@@ -21,7 +21,7 @@ use sluice_policy::PolicyMode;
 use sluice_record::decision::{DecisionRecord, Text};
 use sluice_record::Failure;
 use sluice_trace::semconv as sc;
-use sluice_trace::{extract, instant_unix_nanos, SpanBuilder, Str};
+use sluice_trace::{extract, instant_unix_nanos, SpanBuilder};
 use std::borrow::Cow;
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -95,13 +95,13 @@ pub fn attempt(app: &ProxyState, session: &Session, ctx: &mut Ctx, backend: &str
             client.set(sc::GEN_AI_PROVIDER_NAME, sc::PROVIDER_VLLM);
         }
         if let Some(m) = model {
-            client.set(sc::GEN_AI_REQUEST_MODEL, m.to_string());
+            client.set(sc::GEN_AI_REQUEST_MODEL, m);
         }
         if let Some(f) = &ctx.facts {
             client.set(sc::GEN_AI_REQUEST_STREAM, f.stream);
         }
         let (address, port) = host_port(backend);
-        client.set(sc::SERVER_ADDRESS, address.to_string());
+        client.set(sc::SERVER_ADDRESS, address);
         if let Some(port) = port {
             client.set(sc::SERVER_PORT, port);
         }
@@ -176,15 +176,27 @@ pub fn finish(
     } else {
         Answer::default()
     };
+    // The answer's attributes, set on the last CLIENT span, are copied to the SERVER span as
+    // encoded there.
+    let mut answer_set = false;
     if let Some(mut client) = client {
         if client.is_recording() {
-            end_attempt(&mut client, ctx, record, &answer, e);
+            let first = client.attribute_count();
+            answer.set_on(&mut client, record);
+            if recording {
+                server.copy_attributes(&client, first);
+                answer_set = true;
+            }
+            end_attempt(&mut client, ctx, record, e);
         }
         let end = ctx.last_byte.filter(|_| ctx.error.is_none()).unwrap_or(now);
         app.tracer.end(client, instant_unix_nanos(end));
     }
     if recording {
-        server_attributes(&mut server, ctx, record, &answer);
+        if !answer_set {
+            answer.set_on(&mut server, record);
+        }
+        server_attributes(&mut server, ctx, record);
         if let (true, Some(first)) = (ctx.response_is_sse, ctx.first_byte) {
             server.add_event(sc::EVENT_FIRST_TOKEN, instant_unix_nanos(first), |_| {});
         }
@@ -193,19 +205,17 @@ pub fn finish(
     Some(Cow::Owned(trace_id))
 }
 
-/// The last attempt's outcome on its CLIENT span.
+/// The last attempt's outcome on its CLIENT span (besides the answer's attributes).
 fn end_attempt(
     client: &mut SpanBuilder,
     ctx: &Ctx,
     record: &DecisionRecord,
-    answer: &Answer,
     e: Option<&pingora::Error>,
 ) {
     // As sent: the body's rewrite is done by now, a buffered one's included.
     if let Some(m) = record.applied_max_tokens {
         client.set(sc::GEN_AI_REQUEST_MAX_TOKENS, m);
     }
-    answer.set_on(client, record);
     let upstream_failure = matches!(
         ctx.error,
         Some(Failure::UpstreamError | Failure::UpstreamTimeout | Failure::ConnectError)
@@ -226,20 +236,15 @@ fn end_attempt(
 }
 
 /// The request's name and attributes on its SERVER span, from its decision record.
-fn server_attributes(
-    server: &mut SpanBuilder,
-    ctx: &Ctx,
-    record: &DecisionRecord,
-    answer: &Answer,
-) {
+fn server_attributes(server: &mut SpanBuilder, ctx: &Ctx, record: &DecisionRecord) {
     let op = sc::operation_for_path(&record.path);
     let name = match op {
         Some(op) => sc::span_name(op, record.requested_model.as_deref().unwrap_or("")),
         None => record.method.to_string(),
     };
     server.set_name(name);
-    server.set(sc::HTTP_REQUEST_METHOD, text(&record.method));
-    server.set(sc::URL_PATH, text(&record.path));
+    server.set(sc::HTTP_REQUEST_METHOD, &record.method);
+    server.set(sc::URL_PATH, &record.path);
     if record.status > 0 {
         server.set(sc::HTTP_RESPONSE_STATUS_CODE, record.status);
     }
@@ -249,24 +254,23 @@ fn server_attributes(
         server.set(sc::GEN_AI_REQUEST_STREAM, record.stream);
     }
     if let Some(m) = &record.requested_model {
-        server.set(sc::GEN_AI_REQUEST_MODEL, m.clone());
+        server.set(sc::GEN_AI_REQUEST_MODEL, m);
     }
     // As the client sent it; what went to vLLM is on the CLIENT span and below.
     if let Some(m) = record.requested_max_tokens {
         server.set(sc::GEN_AI_REQUEST_MAX_TOKENS, m);
     }
-    answer.set_on(server, record);
-    server.set(sc::SLUICE_REQUEST_ID, record.request_id.clone());
+    server.set(sc::SLUICE_REQUEST_ID, &record.request_id);
     if !record.tenant.is_empty() {
-        server.set(sc::SLUICE_TENANT, record.tenant.clone());
+        server.set(sc::SLUICE_TENANT, &record.tenant);
     }
-    server.set(sc::SLUICE_TIER, text(&record.tier));
+    server.set(sc::SLUICE_TIER, &record.tier);
     server.set(sc::SLUICE_DECISION, record.decision.as_str());
     if !record.reason.is_empty() {
-        server.set(sc::SLUICE_REASON, text(&record.reason));
+        server.set(sc::SLUICE_REASON, &record.reason);
     }
     if let Some(pool) = &record.pool {
-        server.set(sc::SLUICE_POOL, text(pool));
+        server.set(sc::SLUICE_POOL, pool);
     }
     if let Some(q) = record.queue_wait_ms {
         server.set(sc::SLUICE_QUEUE_WAIT_MS, q);
@@ -281,7 +285,7 @@ fn server_attributes(
         server.set(sc::SLUICE_MAX_TOKENS_APPLIED, m);
     }
     if let Some(m) = &record.routed_model {
-        server.set(sc::SLUICE_MODEL_ROUTED, m.clone());
+        server.set(sc::SLUICE_MODEL_ROUTED, m);
     }
     // A refusal (4xx) is the server doing its job, not an error of the span (as HTTP server
     // spans go); a 5xx or a failure of the request's own is.
@@ -318,12 +322,12 @@ fn admission_level(ctx: &Ctx) -> Option<f64> {
 
 /// What the backend's answer says of itself: the model that answered and why each choice ended.
 #[derive(Debug, Default)]
-struct Answer {
-    model: Option<String>,
-    finish_reasons: Vec<String>,
+struct Answer<'a> {
+    model: Option<Cow<'a, str>>,
+    finish_reasons: Vec<Cow<'a, str>>,
 }
 
-impl Answer {
+impl<'a> Answer<'a> {
     /// From the response `logging` kept: a whole JSON completion, or the tail of a stream.
     /// Read by key rather than parsed (a completion's text made the parse most of tracing's
     /// cost): `"model"` or `"finish_reason"` followed by `:` cannot occur inside a JSON string,
@@ -331,7 +335,7 @@ impl Answer {
     /// answer's (nothing inside a choice has one); every string `finish_reason` is a choice's
     /// ending, which a stream sends once per choice. A stream's tail may begin inside an event:
     /// a key cut there does not match.
-    fn of(tail: &[u8]) -> Answer {
+    fn of(tail: &'a [u8]) -> Answer<'a> {
         Answer {
             model: string_values(tail, &MODEL_KEY).next(),
             finish_reasons: string_values(tail, &FINISH_REASON_KEY).collect(),
@@ -341,13 +345,10 @@ impl Answer {
     /// The response attributes, on the SERVER or the last CLIENT span.
     fn set_on(&self, span: &mut SpanBuilder, record: &DecisionRecord) {
         if let Some(m) = &self.model {
-            span.set(sc::GEN_AI_RESPONSE_MODEL, m.clone());
+            span.set(sc::GEN_AI_RESPONSE_MODEL, m);
         }
         if !self.finish_reasons.is_empty() {
-            span.set(
-                sc::GEN_AI_RESPONSE_FINISH_REASONS,
-                self.finish_reasons.clone(),
-            );
+            span.set(sc::GEN_AI_RESPONSE_FINISH_REASONS, &self.finish_reasons);
         }
         if let Some(n) = record.prompt_tokens {
             span.set(sc::GEN_AI_USAGE_INPUT_TOKENS, n);
@@ -363,7 +364,7 @@ impl Answer {
 fn string_values<'a>(
     json: &'a [u8],
     key: &'a memmem::Finder<'static>,
-) -> impl Iterator<Item = String> + 'a {
+) -> impl Iterator<Item = Cow<'a, str>> + 'a {
     key.find_iter(json).filter_map(move |at| {
         let value = json[at + key.needle().len()..]
             .trim_ascii_start()
@@ -372,12 +373,14 @@ fn string_values<'a>(
         let body = value.strip_prefix(b"\"")?;
         match memchr::memchr2(b'"', b'\\', body) {
             Some(end) if body[end] == b'"' => {
-                std::str::from_utf8(&body[..end]).ok().map(str::to_owned)
+                std::str::from_utf8(&body[..end]).ok().map(Cow::Borrowed)
             }
             // Escapes: serde reads the one string.
             Some(_) => {
                 let mut de = serde_json::Deserializer::from_slice(value);
-                <String as serde::Deserialize>::deserialize(&mut de).ok()
+                <String as serde::Deserialize>::deserialize(&mut de)
+                    .ok()
+                    .map(Cow::Owned)
             }
             None => None,
         }
@@ -386,14 +389,6 @@ fn string_values<'a>(
 
 fn failure_name(f: Option<Failure>) -> &'static str {
     f.map_or("_OTHER", Failure::as_str)
-}
-
-/// A record's text as an attribute value: borrowed statics stay borrowed.
-fn text(t: &Text) -> Str {
-    match t {
-        Cow::Borrowed(s) => Str::Static(s),
-        Cow::Owned(s) => Str::Owned(s.clone()),
-    }
 }
 
 /// `host:port` (`[v6]:port`) as `server.address` and `server.port`.

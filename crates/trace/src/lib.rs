@@ -33,10 +33,12 @@
 //! ```
 //!
 //! Modules: [`context`] (W3C `traceparent` / `tracestate`), [`ids`] (fast ids), [`sampler`]
-//! (OpenTelemetry's samplers), [`span`] (spans as data, the builder), [`semconv`] (attribute
+//! (OpenTelemetry's samplers), [`span`] (spans as data, the builder), [`attributes`] (encoded as
+//! they are set), [`semconv`] (attribute
 //! names), [`config`] (`telemetry.tracing` and the `OTEL_*` variables), [`otlp`] (the protobuf
 //! encoding), [`export`] (the bounded queue and the batching exporter task), [`tracer`].
 
+pub mod attributes;
 pub mod config;
 pub mod context;
 pub mod export;
@@ -55,7 +57,7 @@ pub use context::{
 pub use export::{ExportSettings, ExportStats, Exporter, SpanSink};
 pub use sampler::{Sampler, SamplerKind};
 pub use span::{
-    instant_unix_nanos, now_unix_nanos, unix_nanos, Event, Key, Span, SpanBuilder, SpanKind,
-    Status, Str, Value,
+    instant_unix_nanos, now_unix_nanos, unix_nanos, AttrValue, Attributes, Event, Key, Span,
+    SpanBuilder, SpanKind, Status, Str, Value,
 };
 pub use tracer::{Tracer, TracingStatus};

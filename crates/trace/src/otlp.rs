@@ -4,7 +4,8 @@
 //! opentelemetry-proto v1 (`trace.proto`, `common.proto`, `resource.proto`); the tests decode the
 //! output with the `opentelemetry-proto` crate's generated types.
 
-use crate::span::{Event, Key, Span, Status, Value};
+use crate::attributes::{field_len, key_value as attr_key_value, varint, Attributes};
+use crate::span::{Event, Span, Status};
 
 const VARINT: u8 = 0;
 const FIXED64: u8 = 1;
@@ -14,14 +15,6 @@ const FIXED32: u8 = 5;
 /// `Span.flags` bits 8 and 9: whether the parent's remoteness is known, and whether it is remote.
 const FLAG_HAS_IS_REMOTE: u32 = 0x100;
 const FLAG_IS_REMOTE: u32 = 0x200;
-
-fn varint(buf: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        buf.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    buf.push(v as u8);
-}
 
 fn tag(buf: &mut Vec<u8>, field: u32, wire: u8) {
     varint(buf, u64::from(field) << 3 | u64::from(wire));
@@ -77,98 +70,16 @@ fn message(buf: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
     buf[at..at + prefix.len()].copy_from_slice(&prefix);
 }
 
-/// Bytes a varint takes.
-fn varint_len(v: u64) -> usize {
-    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
-}
-
-/// A length-delimited field's size: tag (one byte for fields below 16), length and body.
-fn field_len(body: usize) -> usize {
-    1 + varint_len(body as u64) + body
-}
-
-/// The size of `value` as an `AnyValue` body, so [`key_value`] writes its lengths up front
-/// instead of moving what it wrote (a span carries ~25 of them).
-fn any_value_len(value: &Value) -> usize {
-    match value {
-        Value::Str(s) => field_len(s.as_str().len()),
-        Value::Bool(_) => 2,
-        Value::Int(i) => 1 + varint_len(*i as u64),
-        Value::Double(_) => 9,
-        Value::StrArray(items) => field_len(
-            items
-                .iter()
-                .map(|s| field_len(field_len(s.as_str().len())))
-                .sum(),
-        ),
-    }
-}
-
-/// `AnyValue`: the oneof is written even for a zero value (its presence is the type).
-fn any_value(buf: &mut Vec<u8>, value: &Value) {
-    match value {
-        Value::Str(s) => bytes_field(buf, 1, s.as_str().as_bytes()),
-        Value::Bool(b) => {
-            tag(buf, 2, VARINT);
-            varint(buf, u64::from(*b));
-        }
-        Value::Int(i) => {
-            tag(buf, 3, VARINT);
-            varint(buf, *i as u64);
-        }
-        Value::Double(d) => fixed64_field(buf, 4, d.to_bits()),
-        Value::StrArray(items) => message(buf, 5, |buf| {
-            for s in items {
-                message(buf, 1, |buf| bytes_field(buf, 1, s.as_str().as_bytes()));
-            }
-        }),
-    }
-}
-
-fn key_value(buf: &mut Vec<u8>, field: u32, key: &str, value: &Value) {
-    let value_len = any_value_len(value);
-    let key_len = if key.is_empty() {
-        0
-    } else {
-        field_len(key.len())
-    };
-    let body = key_len + field_len(value_len);
-    // Nearly every attribute: one-byte tags and lengths, written as whole words rather than
-    // byte by byte (encoding was a third of tracing's cost a request).
-    if field < 16 && body < 0x80 && !key.is_empty() {
-        buf.reserve(2 + body);
-        let tag = (field as u8) << 3 | LEN;
-        buf.extend_from_slice(&[tag, body as u8, 1 << 3 | LEN, key.len() as u8]);
-        buf.extend_from_slice(key.as_bytes());
-        buf.extend_from_slice(&[2 << 3 | LEN, value_len as u8]);
-        if let Value::Str(s) = value {
-            let s = s.as_str().as_bytes();
-            buf.extend_from_slice(&[1 << 3 | LEN, s.len() as u8]);
-            buf.extend_from_slice(s);
-        } else {
-            any_value(buf, value);
-        }
-        return;
-    }
-    tag(buf, field, LEN);
-    varint(buf, (key_len + field_len(value_len)) as u64);
-    string_field(buf, 1, key);
-    tag(buf, 2, LEN);
-    varint(buf, value_len as u64);
-    any_value(buf, value);
-}
-
-fn attributes(buf: &mut Vec<u8>, field: u32, attrs: &[(Key, Value)]) {
-    for (k, v) in attrs {
-        key_value(buf, field, k, v);
-    }
+/// A span's or event's attributes, encoded when they were set (as the field they go in).
+fn attributes(buf: &mut Vec<u8>, attrs: &Attributes) {
+    buf.extend_from_slice(attrs.encoded());
 }
 
 fn event(buf: &mut Vec<u8>, e: &Event) {
     message(buf, 11, |buf| {
         fixed64_field(buf, 1, e.time_unix_nanos);
         string_field(buf, 2, e.name.as_str());
-        attributes(buf, 3, &e.attributes);
+        attributes(buf, &e.attributes);
     });
 }
 
@@ -186,8 +97,8 @@ fn span(buf: &mut Vec<u8>, s: &Span) {
         uint_field(buf, 6, s.kind as u64);
         fixed64_field(buf, 7, s.start_unix_nanos);
         fixed64_field(buf, 8, s.end_unix_nanos);
-        attributes(buf, 9, &s.attributes);
-        uint_field(buf, 10, u64::from(s.dropped_attributes));
+        attributes(buf, &s.attributes);
+        uint_field(buf, 10, u64::from(s.attributes.dropped()));
         for e in &s.events {
             event(buf, e);
         }
@@ -210,7 +121,7 @@ fn span(buf: &mut Vec<u8>, s: &Span) {
 pub fn encode_resource(attrs: &[(String, String)]) -> Vec<u8> {
     let mut buf = Vec::new();
     for (k, v) in attrs {
-        key_value(&mut buf, 1, k, &Value::Str(v.clone().into()));
+        attr_key_value(&mut buf, 1, k, v);
     }
     buf
 }
@@ -260,6 +171,7 @@ pub fn encode_request<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attributes::MAX_ATTRIBUTES;
     use crate::context::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
     use crate::span::{SpanKind, Str};
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -267,19 +179,28 @@ mod tests {
     use prost::Message;
 
     fn sample(attrs: usize) -> Span {
-        let mut attributes: Vec<(Key, Value)> = vec![
-            ("s", Value::from("text")),
-            ("shared", Value::Str(Str::Shared("arc".into()))),
-            ("empty", Value::from("")),
-            ("i", Value::Int(-42)),
-            ("zero", Value::Int(0)),
-            ("d", Value::Double(1.5)),
-            ("b", Value::Bool(false)),
-            ("a", Value::from(vec!["stop", "length"])),
-        ];
-        for _ in 0..attrs {
-            attributes.push(("pad", Value::from("x".repeat(300))));
+        let mut attributes = Attributes::with_capacity(9, 0);
+        attributes.set("s", "text");
+        attributes.set("shared", &Str::Shared("arc".into()));
+        attributes.set("empty", "");
+        attributes.set("i", &-42i64);
+        attributes.set("zero", &0i64);
+        attributes.set("d", &1.5f64);
+        attributes.set("b", &false);
+        attributes.set("a", &vec!["stop", "length"]);
+        // Distinct keys (one key set again replaces its value).
+        const PADS: [&str; 5] = ["pad0", "pad1", "pad2", "pad3", "pad4"];
+        for key in &PADS[..attrs] {
+            attributes.set(key, "x".repeat(300).as_str());
         }
+        if attrs == 0 {
+            // To the limit and 3 past it.
+            for i in 0..MAX_ATTRIBUTES - 8 + 3 {
+                attributes.set(Box::leak(format!("k{i}").into_boxed_str()), &1i64);
+            }
+        }
+        let mut event_attributes = Attributes::with_capacity(3, 0);
+        event_attributes.set("sluice.queue_wait_ms", &12.5f64);
         Span {
             context: SpanContext {
                 trace_id: TraceId([0xa1; 16]),
@@ -296,11 +217,10 @@ mod tests {
             end_unix_nanos: 1_700_000_000_500_000_000,
             status: Status::Error("upstream timed out".into()),
             attributes,
-            dropped_attributes: 3,
             events: vec![Event {
                 name: "sluice.admitted".into(),
                 time_unix_nanos: 1_700_000_000_100_000_000,
-                attributes: vec![("sluice.queue_wait_ms", Value::Double(12.5))],
+                attributes: event_attributes,
             }],
             dropped_events: 0,
         }
@@ -338,6 +258,7 @@ mod tests {
         assert_eq!(p.end_time_unix_nano, 1_700_000_000_500_000_000);
         assert_eq!(p.flags, 0x303);
         assert_eq!(p.dropped_attributes_count, 3);
+        assert_eq!(p.attributes.len(), MAX_ATTRIBUTES);
         let status = p.status.as_ref().unwrap();
         assert_eq!(
             (status.code, status.message.as_str()),

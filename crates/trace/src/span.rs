@@ -3,10 +3,10 @@
 //! A [`SpanBuilder`] always has its [`SpanContext`] (what is propagated downstream), and holds
 //! the recorded [`Span`] only when its trace is sampled: an unsampled request allocates nothing
 //! and every setter is a no-op. Attribute keys are `&'static str` (the names in
-//! [`crate::semconv`]); string values are borrowed statics, shared `Arc<str>`s or owned
-//! strings, so the proxy passes what it already holds. [`SpanBuilder::set_with`] builds a value
-//! only when the span records.
+//! [`crate::semconv`]); a value is encoded as it is set ([`Attributes`]), from a borrow of what
+//! the proxy already holds. [`SpanBuilder::set_with`] builds a value only when the span records.
 
+pub use crate::attributes::{AttrValue, Attributes, MAX_ATTRIBUTES};
 use crate::context::{SpanContext, SpanId, TraceState, Traceparent};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -15,14 +15,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// An attribute name: one of [`crate::semconv`]'s constants.
 pub type Key = &'static str;
 
-/// At most this many attributes a span or event (OpenTelemetry's default limit); more are counted
-/// as dropped.
-pub const MAX_ATTRIBUTES: usize = 128;
 /// At most this many events a span.
 pub const MAX_EVENTS: usize = 128;
 
 /// A string attribute value or name, without copying what the caller already owns.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum Str {
     Static(&'static str),
     Shared(Arc<str>),
@@ -38,6 +35,15 @@ impl Str {
         }
     }
 }
+
+/// By their text, whoever owns it.
+impl PartialEq for Str {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Str {}
 
 impl Default for Str {
     fn default() -> Self {
@@ -81,7 +87,8 @@ impl From<&Arc<str>> for Str {
     }
 }
 
-/// An attribute value: the OTLP `AnyValue`s Sluice uses.
+/// An attribute value: the OTLP `AnyValue`s Sluice uses, owned (what [`Attributes::get`] decodes;
+/// setters take any [`AttrValue`], borrowed).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     Str(Str),
@@ -177,7 +184,7 @@ pub enum Status {
 pub struct Event {
     pub name: Str,
     pub time_unix_nanos: u64,
-    pub attributes: Vec<(Key, Value)>,
+    pub attributes: Attributes,
 }
 
 /// A finished (or in-progress) span: what is exported.
@@ -193,35 +200,21 @@ pub struct Span {
     pub start_unix_nanos: u64,
     pub end_unix_nanos: u64,
     pub status: Status,
-    pub attributes: Vec<(Key, Value)>,
-    pub dropped_attributes: u32,
+    pub attributes: Attributes,
     pub events: Vec<Event>,
     pub dropped_events: u32,
 }
 
 impl Span {
-    /// The value set under `key`, if any.
-    pub fn attribute(&self, key: &str) -> Option<&Value> {
-        self.attributes
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| v)
+    /// The value set under `key`, if any, decoded.
+    pub fn attribute(&self, key: &str) -> Option<Value> {
+        self.attributes.get(key)
     }
 }
 
-/// Sets `key` in `attrs` (replacing an earlier value, as OpenTelemetry does), within the limit.
-fn set_attribute(attrs: &mut Vec<(Key, Value)>, dropped: &mut u32, key: Key, value: Value) {
-    // Lengths first: a span's ~25 keys are mostly of different lengths, and this runs for each.
-    if let Some(slot) = attrs.iter_mut().find(|(k, _)| {
-        k.len() == key.len() && (std::ptr::eq(k.as_ptr(), key.as_ptr()) || *k == key)
-    }) {
-        slot.1 = value;
-    } else if attrs.len() < MAX_ATTRIBUTES {
-        attrs.push((key, value));
-    } else {
-        *dropped = dropped.saturating_add(1);
-    }
-}
+/// Where a span's attributes go in its OTLP message, and an event's in its.
+const SPAN_ATTRIBUTES: u8 = 9;
+const EVENT_ATTRIBUTES: u8 = 3;
 
 /// A span being built on the request path: its context always, its record only when sampled.
 /// Finish it with [`crate::Tracer::end`]; a builder dropped without it is not exported.
@@ -230,16 +223,6 @@ pub struct SpanBuilder {
     context: SpanContext,
     state: Option<TraceState>,
     record: Option<Box<Span>>,
-    /// A one-word filter of the keys set so far: a key whose bit is clear is new and is pushed
-    /// without searching the ~25 already there.
-    keys: u64,
-}
-
-/// A key's bit in [`SpanBuilder::keys`], from its length and last byte (the conventions' names
-/// differ there far more often than in their first bytes).
-fn key_bit(key: Key) -> u64 {
-    let last = key.as_bytes().last().copied().unwrap_or(0) as usize;
-    1 << ((key.len() * 13 + last) & 63)
 }
 
 impl SpanBuilder {
@@ -249,11 +232,10 @@ impl SpanBuilder {
             context,
             state,
             record: None,
-            keys: 0,
         }
     }
 
-    /// A recording span; `attribute_capacity` is reserved up front.
+    /// A recording span; `attribute_capacity` attributes' room is reserved up front.
     pub(crate) fn recording(
         context: SpanContext,
         state: Option<TraceState>,
@@ -273,8 +255,7 @@ impl SpanBuilder {
             start_unix_nanos,
             end_unix_nanos: start_unix_nanos,
             status: Status::Unset,
-            attributes: Vec::with_capacity(attribute_capacity),
-            dropped_attributes: 0,
+            attributes: Attributes::with_capacity(SPAN_ATTRIBUTES, attribute_capacity),
             events: Vec::new(),
             dropped_events: 0,
         });
@@ -282,7 +263,6 @@ impl SpanBuilder {
             context,
             state,
             record: Some(record),
-            keys: 0,
         }
     }
 
@@ -323,29 +303,30 @@ impl SpanBuilder {
     }
 
     /// Sets an attribute (an earlier value under the same key is replaced).
-    pub fn set(&mut self, key: Key, value: impl Into<Value>) {
-        if self.record.is_some() {
-            self.put(key, value.into());
+    pub fn set(&mut self, key: Key, value: impl AttrValue) {
+        if let Some(r) = &mut self.record {
+            r.attributes.set(key, &value);
         }
     }
 
     /// Sets an attribute whose value costs something to build (a `format!`, a copy): `value`
     /// runs only when the span records.
-    pub fn set_with<V: Into<Value>>(&mut self, key: Key, value: impl FnOnce() -> V) {
-        if self.record.is_some() {
-            self.put(key, value().into());
+    pub fn set_with<V: AttrValue>(&mut self, key: Key, value: impl FnOnce() -> V) {
+        if let Some(r) = &mut self.record {
+            r.attributes.set(key, &value());
         }
     }
 
-    fn put(&mut self, key: Key, value: Value) {
-        let Some(r) = &mut self.record else { return };
-        let bit = key_bit(key);
-        let new = self.keys & bit == 0;
-        self.keys |= bit;
-        if new && r.attributes.len() < MAX_ATTRIBUTES {
-            r.attributes.push((key, value));
-        } else {
-            set_attribute(&mut r.attributes, &mut r.dropped_attributes, key, value);
+    /// Attributes set so far (0 when not recording).
+    pub fn attribute_count(&self) -> usize {
+        self.record.as_ref().map_or(0, |r| r.attributes.len())
+    }
+
+    /// Sets the attributes `from` has set since it had `first` (copied as encoded, not built
+    /// again: a SERVER span repeats its last attempt's answer).
+    pub fn copy_attributes(&mut self, from: &SpanBuilder, first: usize) {
+        if let (Some(r), Some(f)) = (&mut self.record, &from.record) {
+            r.attributes.extend_from(&f.attributes, first);
         }
     }
 
@@ -361,7 +342,7 @@ impl SpanBuilder {
             r.dropped_events = r.dropped_events.saturating_add(1);
             return;
         }
-        let mut attrs = EventAttributes(Vec::new());
+        let mut attrs = EventAttributes(Attributes::with_capacity(EVENT_ATTRIBUTES, 0));
         attributes(&mut attrs);
         r.events.push(Event {
             name: name.into(),
@@ -375,7 +356,8 @@ impl SpanBuilder {
     pub fn set_error(&mut self, error_type: impl Into<Str>, message: impl Into<Str>) {
         if let Some(r) = &mut self.record {
             r.status = Status::Error(message.into());
-            self.put(crate::semconv::ERROR_TYPE, Value::Str(error_type.into()));
+            r.attributes
+                .set(crate::semconv::ERROR_TYPE, &error_type.into());
         }
     }
 
@@ -388,13 +370,12 @@ impl SpanBuilder {
 }
 
 /// An event's attribute list, filled in [`SpanBuilder::add_event`].
-#[derive(Debug, Default)]
-pub struct EventAttributes(Vec<(Key, Value)>);
+#[derive(Debug)]
+pub struct EventAttributes(Attributes);
 
 impl EventAttributes {
-    pub fn set(&mut self, key: Key, value: impl Into<Value>) -> &mut Self {
-        let mut dropped = 0;
-        set_attribute(&mut self.0, &mut dropped, key, value.into());
+    pub fn set(&mut self, key: Key, value: impl AttrValue) -> &mut Self {
+        self.0.set(key, &value);
         self
     }
 }
@@ -445,7 +426,7 @@ mod tests {
         let mut b = recording();
         b.set("a", 1i64);
         b.set("a", "two");
-        assert_eq!(b.span().unwrap().attribute("a"), Some(&Value::from("two")));
+        assert_eq!(b.span().unwrap().attribute("a"), Some(Value::from("two")));
         let keys: Vec<&'static str> = (0..MAX_ATTRIBUTES + 3)
             .map(|i| &*Box::leak(format!("k{i}").into_boxed_str()))
             .collect();
@@ -454,7 +435,7 @@ mod tests {
         }
         let s = b.finish(5).unwrap();
         assert_eq!(s.attributes.len(), MAX_ATTRIBUTES);
-        assert_eq!(s.dropped_attributes, 4);
+        assert_eq!(s.attributes.dropped(), 4);
         assert_eq!(s.end_unix_nanos, 10, "an end before the start is clamped");
     }
 
@@ -480,11 +461,9 @@ mod tests {
         });
         let s = b.finish(20).unwrap();
         assert_eq!(s.status, Status::Error("upstream read timed out".into()));
-        assert_eq!(s.attribute("error.type"), Some(&Value::from("timeout")));
-        assert_eq!(
-            s.events[0].attributes,
-            vec![("sluice.attempt", Value::Int(2))]
-        );
+        assert_eq!(s.attribute("error.type"), Some(Value::from("timeout")));
+        let attrs: Vec<_> = s.events[0].attributes.iter().collect();
+        assert_eq!(attrs, vec![("sluice.attempt".to_string(), Value::Int(2))]);
     }
 
     #[test]
