@@ -4,7 +4,7 @@
 //! exporter copies a span's attributes as one slice. Building and then encoding ~35 values a
 //! sampled request was most of tracing's cost.
 
-use crate::span::{Key, Str, Value};
+use crate::value::{Key, Str, Value};
 use std::fmt;
 use std::sync::Arc;
 

@@ -33,9 +33,9 @@
 //! ```
 //!
 //! Modules: [`context`] (W3C `traceparent` / `tracestate`), [`ids`] (fast ids), [`sampler`]
-//! (OpenTelemetry's samplers), [`span`] (spans as data, the builder), [`attributes`] (encoded as
-//! they are set), [`semconv`] (attribute
-//! names), [`config`] (`telemetry.tracing` and the `OTEL_*` variables), [`otlp`] (the protobuf
+//! (OpenTelemetry's samplers), [`span`] (spans as data, the builder), [`value`] (attribute names
+//! and values), [`attributes`] (encoded as they are set), [`semconv`] (attribute names),
+//! [`config`] (`telemetry.tracing` and the `OTEL_*` variables), [`otlp`] (the protobuf
 //! encoding), [`export`] (the bounded queue and the batching exporter task), [`tracer`].
 
 pub mod attributes;
@@ -48,6 +48,7 @@ pub mod sampler;
 pub mod semconv;
 pub mod span;
 pub mod tracer;
+pub mod value;
 
 pub use config::{TracingConfig, TracingConfigError};
 pub use context::{
