@@ -41,14 +41,14 @@ fn spans_of(t: &Tracer, parent: &[u8]) -> (SpanBuilder, SpanBuilder, usize) {
         client.set_name(sc::span_name(sc::OP_CHAT, "llama-3-70b"));
         client.set(sc::GEN_AI_OPERATION_NAME, sc::OP_CHAT);
         client.set(sc::GEN_AI_PROVIDER_NAME, sc::PROVIDER_VLLM);
-        client.set(sc::GEN_AI_REQUEST_MODEL, "llama-3-70b".to_string());
+        client.set(sc::GEN_AI_REQUEST_MODEL, "llama-3-70b");
         client.set(sc::GEN_AI_REQUEST_STREAM, false);
-        client.set(sc::SERVER_ADDRESS, "10.0.0.11".to_string());
+        client.set(sc::SERVER_ADDRESS, "10.0.0.11");
         client.set(sc::SERVER_PORT, 8000u16);
         client.set(sc::SLUICE_ATTEMPT, 1u32);
         client.set(sc::SLUICE_POOL, "on-demand");
         client.set(sc::GEN_AI_REQUEST_MAX_TOKENS, 256i64);
-        client.set(sc::GEN_AI_RESPONSE_MODEL, "llama-3-70b".to_string());
+        client.set(sc::GEN_AI_RESPONSE_MODEL, "llama-3-70b");
         client.set(sc::GEN_AI_USAGE_INPUT_TOKENS, 42u64);
         client.set(sc::GEN_AI_USAGE_OUTPUT_TOKENS, 256u64);
         client.set(sc::HTTP_RESPONSE_STATUS_CODE, 200u16);
@@ -62,17 +62,14 @@ fn spans_of(t: &Tracer, parent: &[u8]) -> (SpanBuilder, SpanBuilder, usize) {
         server.set(sc::GEN_AI_OPERATION_NAME, sc::OP_CHAT);
         server.set(sc::GEN_AI_PROVIDER_NAME, sc::PROVIDER_VLLM);
         server.set(sc::GEN_AI_REQUEST_STREAM, false);
-        server.set(sc::GEN_AI_REQUEST_MODEL, "llama-3-70b".to_string());
+        server.set(sc::GEN_AI_REQUEST_MODEL, "llama-3-70b");
         server.set(sc::GEN_AI_REQUEST_MAX_TOKENS, 512i64);
-        server.set(sc::GEN_AI_RESPONSE_MODEL, "llama-3-70b".to_string());
-        server.set(
-            sc::GEN_AI_RESPONSE_FINISH_REASONS,
-            vec!["length".to_string()],
-        );
+        server.set(sc::GEN_AI_RESPONSE_MODEL, "llama-3-70b");
+        server.set(sc::GEN_AI_RESPONSE_FINISH_REASONS, &["length"][..]);
         server.set(sc::GEN_AI_USAGE_INPUT_TOKENS, 42u64);
         server.set(sc::GEN_AI_USAGE_OUTPUT_TOKENS, 256u64);
-        server.set(sc::SLUICE_REQUEST_ID, "sluice-0-18f2c-00002a".to_string());
-        server.set(sc::SLUICE_TENANT, "coding-assistant".to_string());
+        server.set(sc::SLUICE_REQUEST_ID, "sluice-0-18f2c-00002a");
+        server.set(sc::SLUICE_TENANT, "coding-assistant");
         server.set(sc::SLUICE_TIER, "Standard");
         server.set(sc::SLUICE_DECISION, "degrade");
         server.set(sc::SLUICE_REASON, "degrade_cache_nearly_full");
@@ -80,7 +77,7 @@ fn spans_of(t: &Tracer, parent: &[u8]) -> (SpanBuilder, SpanBuilder, usize) {
         server.set(sc::SLUICE_LEVEL, 1.0);
         server.set(sc::SLUICE_MAX_TOKENS_REQUESTED, 512i64);
         server.set(sc::SLUICE_MAX_TOKENS_APPLIED, 256i64);
-        server.set(sc::SLUICE_MODEL_ROUTED, "llama-3-70b".to_string());
+        server.set(sc::SLUICE_MODEL_ROUTED, "llama-3-70b");
     }
     (server, client, trace_id.len() + header.len())
 }
