@@ -70,16 +70,7 @@ macro_rules! via_str {
         }
     )*};
 }
-via_str!(String, Arc<str>, std::borrow::Cow<'_, str>);
-
-impl AttrValue for Str {
-    fn any_len(&self) -> usize {
-        self.as_str().any_len()
-    }
-    fn write_any(&self, buf: &mut Vec<u8>) {
-        self.as_str().write_any(buf)
-    }
-}
+via_str!(String, Arc<str>, Str, std::borrow::Cow<'_, str>);
 
 impl AttrValue for i64 {
     fn any_len(&self) -> usize {
@@ -191,12 +182,6 @@ impl AttrValue for Value {
             Value::Bool(b) => b.write_any(buf),
             Value::StrArray(a) => a.as_slice().write_any(buf),
         }
-    }
-}
-
-impl AsRef<str> for Str {
-    fn as_ref(&self) -> &str {
-        self.as_str()
     }
 }
 

@@ -330,6 +330,5 @@ mod tests {
         let b = instant_unix_nanos(now + Duration::from_millis(5));
         assert_eq!(b - a, 5_000_000);
         assert!(a.abs_diff(now_unix_nanos()) < 1_000_000_000);
-        assert_eq!(Value::from(u64::MAX), Value::Int(i64::MAX));
     }
 }

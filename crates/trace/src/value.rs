@@ -53,6 +53,12 @@ impl fmt::Display for Str {
     }
 }
 
+impl AsRef<str> for Str {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
 impl From<&'static str> for Str {
     fn from(s: &'static str) -> Self {
         Str::Static(s)
@@ -94,56 +100,8 @@ impl<T: Into<Str>> From<T> for Value {
     }
 }
 
-macro_rules! int_value {
-    ($($t:ty),*) => {$(
-        impl From<$t> for Value {
-            fn from(v: $t) -> Self {
-                Value::Int(i64::from(v))
-            }
-        }
-    )*};
-}
-int_value!(i8, i16, i32, i64, u8, u16, u32);
-
-impl From<u64> for Value {
-    /// Saturates at `i64::MAX` (OTLP integers are signed).
-    fn from(v: u64) -> Self {
-        Value::Int(i64::try_from(v).unwrap_or(i64::MAX))
-    }
-}
-
-impl From<usize> for Value {
-    fn from(v: usize) -> Self {
-        Value::Int(i64::try_from(v).unwrap_or(i64::MAX))
-    }
-}
-
-impl From<f64> for Value {
-    fn from(v: f64) -> Self {
-        Value::Double(v)
-    }
-}
-
-impl From<bool> for Value {
-    fn from(v: bool) -> Self {
-        Value::Bool(v)
-    }
-}
-
-impl From<Vec<Str>> for Value {
-    fn from(v: Vec<Str>) -> Self {
-        Value::StrArray(v)
-    }
-}
-
 impl From<Vec<&'static str>> for Value {
     fn from(v: Vec<&'static str>) -> Self {
         Value::StrArray(v.into_iter().map(Str::Static).collect())
-    }
-}
-
-impl From<Vec<String>> for Value {
-    fn from(v: Vec<String>) -> Self {
-        Value::StrArray(v.into_iter().map(Str::Owned).collect())
     }
 }
