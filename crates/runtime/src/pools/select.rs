@@ -79,9 +79,9 @@ impl UsableSet {
             Selection::LeastLoad => (least_loaded(candidates().filter(|(_, i)| !avoid(i))), false),
             Selection::PrefixAffinity => match want.prefix {
                 Some(key) if affinity.affine() => {
-                    split(self.affine(key, load_bound, &affinity.homes, &allowed))
+                    split(self.affine(key, load_bound, start, &affinity.homes, &allowed))
                 }
-                Some(key) => split(self.spread(key, &affinity.homes, &allowed)),
+                Some(key) => split(self.spread(key, start, &affinity.homes, &allowed)),
                 None => (least_loaded(candidates().filter(|(_, i)| !avoid(i))), false),
             },
         };
@@ -100,24 +100,39 @@ impl UsableSet {
         (default, unit)
     }
 
+    /// The usable backends `allowed` keeps, walked from `start` (the round-robin counter) as
+    /// least load walks them: equal loads share the traffic instead of all going to the first.
+    fn rotated<'s: 'f, 'f>(
+        &'s self,
+        start: usize,
+        allowed: &'f dyn Fn(&BackendInfo) -> bool,
+    ) -> impl Iterator<Item = &'s (Backend, BackendInfo)> + Clone + 'f {
+        let n = self.backends.len().max(1);
+        (0..self.backends.len())
+            .map(move |i| &self.backends[(start + i) % n])
+            .filter(move |(_, i)| allowed(i))
+    }
+
     /// Prefix affinity with bounded loads (Mirrokni, Thorup and Zadimoghaddam): the head's home
     /// while its load with this request stays within `load_bound` × the pool's mean (or the
     /// mean plus [`BOUND_SLACK`] requests on the quickest replica); past it the head's spill
     /// replica while that one is within the bound, else the least loaded, which becomes the
     /// spill replica. The home is kept. A load is least load's price (work ahead times time to
     /// first byte), so a replica that answers slowly keeps fewer heads. A head without a usable
-    /// home is placed on its Ketama ring node when that node is no busier than the mean (so
-    /// Sluice replicas agree on where a head lives), else on the least loaded: a few hot heads
-    /// that hash together do not pile on one replica, and a head seen once costs what least
-    /// load would. The flag says the request went to its head's home.
+    /// home goes where least load would send it, so a head seen once (every head, when prompts
+    /// share nothing) costs exactly what least load would; its Ketama ring node is taken
+    /// instead when within half a request of that (so Sluice replicas agree on where a head
+    /// lives whenever the loads leave them the choice). The flag says the request went to its
+    /// head's home.
     fn affine(
         &self,
         key: u64,
         load_bound: f64,
+        start: usize,
         homes: &Homes,
         allowed: &dyn Fn(&BackendInfo) -> bool,
     ) -> Option<(&(Backend, BackendInfo), bool)> {
-        let allowed_set = || self.backends.iter().filter(|(_, i)| allowed(i));
+        let allowed_set = || self.rotated(start, allowed);
         let n = allowed_set().count();
         if n == 0 {
             return None;
@@ -152,9 +167,10 @@ impl UsableSet {
                 .find(|a| allowed_set().any(|(b, _)| b.addr.as_inet() == Some(*a)))?;
             allowed_set().find(|(b, _)| b.addr.as_inet() == Some(addr))
         });
+        let least = least_loaded(allowed_set())?;
         let placed = match on_ring {
-            Some(e) if load(e) <= mean => e,
-            _ => least_loaded(allowed_set())?,
+            Some(e) if load(e) <= load(least) + 0.5 * unit => e,
+            _ => least,
         };
         homes.set(
             key,
@@ -174,10 +190,11 @@ impl UsableSet {
     fn spread(
         &self,
         key: u64,
+        start: usize,
         homes: &Homes,
         allowed: &dyn Fn(&BackendInfo) -> bool,
     ) -> Option<(&(Backend, BackendInfo), bool)> {
-        let allowed_set = || self.backends.iter().filter(|(_, i)| allowed(i));
+        let allowed_set = || self.rotated(start, allowed);
         let least = least_loaded(allowed_set())?;
         let Some(home) = homes.get(key) else {
             homes.set(
