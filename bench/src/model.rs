@@ -490,6 +490,10 @@ pub fn run(input: ModelInput<'_>) -> Run {
                 shaping: p
                     .filter(|p| p.rules.mode == sluice_policy::PolicyMode::Adaptive)
                     .map(|p| p.state.pools.each_ref().map(|c| c.shaping)),
+                pace: Some([ON_DEMAND, sp_engine].map(|e| {
+                    let e = &engines[e];
+                    (e.p.itl_ms * e.factor(), e.p.itl_ms)
+                })),
             });
         }
         while next_arrival < arrivals.len() && arrivals[next_arrival].at_ms as f64 <= now {

@@ -195,6 +195,8 @@ pub struct Sample {
     pub levels: Option<[f64; 2]>,
     /// Adaptive mode: each pool's policy saw its KV at the shaping floor at its last sample.
     pub shaping: Option<[bool; 2]>,
+    /// Each pool's decode pace now and unloaded (ms a token), where the engine says (the model).
+    pub pace: Option<[(f64, f64); 2]>,
 }
 
 fn ser_states<S: serde::Serializer>(

@@ -299,8 +299,11 @@ pub struct RunSummary {
     pub per_dimension: bool,
 }
 
-/// "Idle means open": a pool is idle once nothing has waited in vLLM and its KV usage has
-/// stayed below [`IDLE_KV_BELOW`] for [`IDLE_FOR_MS`] (by the run's samples). The controller
+/// "Idle means open": a pool is idle once nothing has waited in vLLM, its KV usage has stayed
+/// below [`IDLE_KV_BELOW`] and (where the engine reports its pace) the batch has eaten less
+/// than half of the tightest TPOT budget (target less the unloaded pace) for [`IDLE_FOR_MS`]
+/// (by the run's samples): a batch that slows every decode step past that is the load a TPOT
+/// target is spent on, evidence as a queue is, not an idle pool. The controller
 /// must then refuse and cap nobody, and once vLLM's queue has emptied (with the cache below
 /// the shaping floor, which may hold caps) its level must be back at 0 within
 /// [`RELEASE_WITHIN_MS`].
@@ -338,8 +341,11 @@ const CONTROLLER_REASONS: [&str; 9] = [
     "reject_slo_unattainable",
 ];
 
-/// A pool's view in the samples: (time, KV %, waiting, level, the policy saw a full cache).
-fn pool_track(samples: &[Sample], spot: bool) -> Vec<(u64, f64, f64, f64, bool)> {
+/// A pool's view in the samples: (time, KV %, waiting, level, the policy saw a full cache,
+/// the batch has eaten half the tightest TPOT budget `tpot_ms`).
+type PoolView = (u64, f64, f64, f64, bool, bool);
+
+fn pool_track(samples: &[Sample], spot: bool, tpot_ms: Option<f64>) -> Vec<PoolView> {
     samples
         .iter()
         .filter_map(|s| {
@@ -350,15 +356,25 @@ fn pool_track(samples: &[Sample], spot: bool) -> Vec<(u64, f64, f64, f64, bool)>
             };
             let pool = usize::from(spot);
             let shaping = s.shaping.is_some_and(|f| f[pool]);
-            Some((s.t_ms, kv?, waiting?, s.levels?[pool], shaping))
+            let busy = s.pace.zip(tpot_ms).is_some_and(|(p, target)| {
+                let (now, unloaded) = p[pool];
+                now - unloaded > 0.5 * (target - unloaded)
+            });
+            Some((s.t_ms, kv?, waiting?, s.levels?[pool], shaping, busy))
         })
         .collect()
 }
 
 pub fn idle_open(run: &Run) -> Option<IdleOpen> {
+    let tpot = run
+        .slo
+        .iter()
+        .filter_map(|s| s.tpot_ms)
+        .min()
+        .map(|t| t as f64);
     let tracks = [
-        pool_track(&run.samples, false),
-        pool_track(&run.samples, true),
+        pool_track(&run.samples, false, tpot),
+        pool_track(&run.samples, true, tpot),
     ];
     if tracks[0].is_empty() {
         return None;
@@ -370,8 +386,8 @@ pub fn idle_open(run: &Run) -> Option<IdleOpen> {
         .map(|t| {
             let mut since = None;
             t.iter()
-                .map(|&(at, kv, waiting, _, _)| {
-                    if waiting <= 0.0 && kv < IDLE_KV_BELOW {
+                .map(|&(at, kv, waiting, _, _, busy)| {
+                    if waiting <= 0.0 && kv < IDLE_KV_BELOW && !busy {
                         since = since.or(Some(at));
                     } else {
                         since = None;
@@ -407,10 +423,10 @@ pub fn idle_open(run: &Run) -> Option<IdleOpen> {
                 }
             }
         };
-        for &(at, kv, waiting, level, shaping) in track {
+        for &(at, kv, waiting, level, shaping, busy) in track {
             // The policy samples less often than the run: a peak it saw and these samples
             // missed still holds the shaping floor.
-            let clear = waiting <= 0.0 && kv < SHAPE_FLOOR_KV && !shaping;
+            let clear = waiting <= 0.0 && kv < SHAPE_FLOOR_KV && !shaping && !busy;
             if !clear {
                 close(start.take(), settled, at, &mut out);
                 settled = false;

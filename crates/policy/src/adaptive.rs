@@ -25,6 +25,7 @@
 //! worse of Sluice's own end-to-end latencies over a short window and vLLM's queue delay on
 //! that pool. Everything here is pure: outcomes and signals come in with their times.
 
+use crate::ceiling::{self, PaceFit};
 use crate::slo::{Dim, Slo};
 use crate::tenant_policy::PolicyRules;
 pub use crate::tuning::AdaptiveTuning;
@@ -298,7 +299,9 @@ pub struct PoolControl {
     pub moved: Movement,
     /// Some served tier is short of headroom: this pool should not take fallback traffic.
     pub saturated: bool,
-    /// The learned work limit (estimated KV tokens in flight), once the pool has run short.
+    /// The work limit (estimated KV tokens in flight) the gate applies while the level is up:
+    /// the lower of the predicted ceiling ([`crate::ceiling`]) and, with `work_gate`, the limit
+    /// learned once the pool has run short.
     pub work_limit: Option<f64>,
     /// Sluice's own work in flight on the pool at the sample.
     pub inflight_work: Option<f64>,
@@ -423,6 +426,8 @@ pub struct PoolController {
     /// Per tier: (end, start, each dimension's reading / target, `None` where it has none).
     recent: [VecDeque<Reading>; 3],
     work: WorkLimit,
+    /// How this pool's decode pace grows with its cache, for the predicted work ceiling.
+    pace_fit: PaceFit,
     /// Since when vLLM's waiting queue on this pool has been empty (none while it queues).
     drained_since: Option<Millis>,
     /// Since when the pool has been idle: nothing waiting in vLLM and KV usage below
@@ -509,6 +514,7 @@ impl PoolController {
             last_change: 0,
             recent: Default::default(),
             work: WorkLimit::default(),
+            pace_fit: PaceFit::default(),
             drained_since: None,
             idle_since: None,
             baseline: Default::default(),
@@ -975,12 +981,30 @@ impl PoolController {
                 .zip(unattainable)
                 .any(|(m, u)| !u && *m > SATURATED_MISSING);
         let short = matches!(moved, Movement::Up { .. } | Movement::Rail(_));
-        let work_limit = if tuning.work_gate {
+        let usage = signals.pressure.map(|p| p / 100.0);
+        self.pace_fit.sample(usage, signals.itl_ms, dt as f64);
+        // The pace at which the tightest TPOT budget on the pool turns short: where its tier's
+        // headroom falls to `escalate_below` above its unloaded value.
+        let pace_limit = Tier::ALL
+            .into_iter()
+            .filter(|t| has_traffic(*t) && !unattainable[t.index()])
+            .filter_map(|t| {
+                let d = &dims[t.index()][Dim::Tpot.index()];
+                let target = d.target_ms? as f64;
+                let base = d.unloaded_ms.unwrap_or(0.0).min(target);
+                Some(base + (1.0 - tuning.escalate_below) * (target - base))
+            })
+            .reduce(f64::min);
+        let learned = if tuning.work_gate {
             self.work
                 .sample(signals.inflight_work, short, now, tuning.hold_ms)
         } else {
             None
         };
+        // The predicted ceiling holds whether or not the learned limit is on: it needs no
+        // shortage to have happened first.
+        let predicted = ceiling::ceiling(&self.pace_fit, pace_limit, usage, signals.inflight_work);
+        let work_limit = either(learned, predicted, f64::min);
         PoolControl {
             level: self.level,
             steps,
@@ -2113,6 +2137,44 @@ mod tests {
             }
         }
         assert!(zero_at.is_some(), "{}", c.level());
+    }
+
+    /// A pool whose pace grows with its cache publishes, before any tier has run short, the work
+    /// at which Guaranteed's TPOT budget would: the pace line is learned from the samples, and
+    /// the ceiling scales Sluice's work in flight to the usage that pace needs.
+    #[test]
+    fn the_pace_line_predicts_the_work_ceiling_before_a_shortage() {
+        let rules = ttft_tpot_rules();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let mut at = 0;
+        let mut ctl = None;
+        // 20 ms a token at an empty cache, +30 ms at a full one; 100 tokens in flight a point.
+        for i in 0..60 {
+            at += 500;
+            let usage = (i % 6) as f64 * 0.06;
+            let itl = 20.0 + 30.0 * usage;
+            let signals = PoolSignals {
+                inflight_work: Some(10_000.0 * usage),
+                ..vllm(100.0 * usage, 0.0, 0.0, itl)
+            };
+            ctl = Some(c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &signals,
+                &all_tiers(at, 100.0, itl),
+                at,
+            ));
+        }
+        let ctl = ctl.unwrap();
+        // Guaranteed's TPOT target 50 ms over its unloaded 20: short past 20 + 0.7 × 30 = 41 ms,
+        // reached at 70 % of the cache, 7,000 tokens.
+        let limit = ctl.work_limit.expect("a ceiling");
+        let u = ctl.dims[0][Dim::Tpot.index()].unloaded_ms.unwrap();
+        let expected = 10_000.0 * (u + 0.7 * (50.0 - u) - 20.0) / 30.0;
+        assert!((limit - expected).abs() < 10.0, "{limit} vs {expected}");
+        assert!(limit < 9_500.0, "below the full cache: {limit}");
     }
 
     /// Without streamed answers of its own a tier reads vLLM's pace (the batch decodes every

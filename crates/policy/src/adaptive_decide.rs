@@ -91,11 +91,12 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
     if u < shares.fallback && fallback_usable {
         return to_fallback(Reason::FallbackHeadroom);
     }
-    // The work gate: what the level lets through must still fit the tier's share of the
-    // pool's learned work limit.
+    // The work gate: while the level is up, what it lets through must still fit the tier's
+    // share of the pool's work limit (the predicted ceiling, and the learned limit where
+    // `work_gate` is on). At level 0 nothing is gated: idle means open.
     let t = &rules.adaptive;
     let gate = work_gate::share(req.tier, t.work_share_standard, t.work_share_best_effort)
-        .filter(|_| t.work_gate && ctl.level > 0.0);
+        .filter(|_| ctl.level > 0.0);
     let inflight = if rules.spot_is_on_demand {
         req.inflight_work.iter().sum()
     } else {
@@ -307,9 +308,9 @@ mod tests {
         }
     }
 
-    /// The opt-in work gate: on a pool that has learned a limit and is under pressure, a lower
-    /// tier's request that would pass its share is capped to fit, else moved or refused, while
-    /// Guaranteed always passes; at level 0 or with the gate off nothing changes.
+    /// The work gate: on a pool with a work limit (predicted or learned) and under pressure, a
+    /// lower tier's request that would pass its share is capped to fit, else moved or refused,
+    /// while Guaranteed always passes; at level 0 or without a limit nothing changes.
     #[test]
     fn the_work_gate_caps_then_refuses_lower_tiers_and_never_guaranteed() {
         let mut rules = PolicyRules::default();
@@ -347,9 +348,9 @@ mod tests {
         s.pools[1].level = 0.0;
         let d = decide(&s, &rules, &req(Tier::BestEffort, 5000.0, 300));
         assert_eq!(d.action, Action::Pass, "no gate at level 0");
-        rules.adaptive.work_gate = false;
         s.pools[1].level = 0.5;
+        s.pools[1].work_limit = None;
         let d = decide(&s, &rules, &req(Tier::BestEffort, 5000.0, 300));
-        assert_eq!(d.action, Action::Pass, "gate off");
+        assert_eq!(d.action, Action::Pass, "no limit");
     }
 }

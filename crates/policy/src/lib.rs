@@ -12,6 +12,7 @@ pub mod action;
 pub mod adaptive;
 mod adaptive_decide;
 pub mod bucket;
+pub mod ceiling;
 pub mod clock;
 mod engine;
 pub mod fair;
