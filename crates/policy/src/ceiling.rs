@@ -120,7 +120,10 @@ mod tests {
             fit.sample(Some(u), Some(20.0 * (1.0 + 1.5 * u)), 250.0);
         }
         let (a, b) = fit.line().unwrap();
-        assert!((a - 20.0).abs() < 1e-6 && (b - 30.0).abs() < 1e-6, "{a} {b}");
+        assert!(
+            (a - 20.0).abs() < 1e-6 && (b - 30.0).abs() < 1e-6,
+            "{a} {b}"
+        );
         // 1.42x the unloaded pace is reached at 28 % of the cache.
         assert!((fit.usage_at(28.4).unwrap() - 0.28).abs() < 1e-6);
     }
