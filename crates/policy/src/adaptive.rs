@@ -983,11 +983,18 @@ impl PoolController {
         let short = matches!(moved, Movement::Up { .. } | Movement::Rail(_));
         let usage = signals.pressure.map(|p| p / 100.0);
         self.pace_fit.sample(usage, signals.itl_ms, dt as f64);
-        // The pace at which the tightest TPOT budget on the pool turns short: where its tier's
-        // headroom falls to `escalate_below` above its unloaded value.
+        // The gate protects the tiers above the lowest one on the pool (a tier is never gated
+        // for its own latency): the pace at which the tightest of their TPOT budgets turns
+        // short, where its headroom falls to `escalate_below` above its unloaded value.
+        let lowest = Tier::ALL
+            .into_iter()
+            .filter(|t| has_traffic(*t))
+            .map(rank)
+            .min();
+        let protected = |t: Tier| has_traffic(t) && lowest.is_some_and(|l| rank(t) > l);
         let pace_limit = Tier::ALL
             .into_iter()
-            .filter(|t| has_traffic(*t) && !unattainable[t.index()])
+            .filter(|t| protected(*t) && !unattainable[t.index()])
             .filter_map(|t| {
                 let d = &dims[t.index()][Dim::Tpot.index()];
                 let target = d.target_ms? as f64;
@@ -1003,7 +1010,8 @@ impl PoolController {
         };
         // The predicted ceiling holds whether or not the learned limit is on: it needs no
         // shortage to have happened first.
-        let predicted = ceiling::ceiling(&self.pace_fit, pace_limit, usage, signals.inflight_work);
+        let predicted = ceiling::ceiling(&self.pace_fit, pace_limit, usage, signals.inflight_work)
+            .filter(|_| Tier::ALL.into_iter().any(protected));
         let work_limit = either(learned, predicted, f64::min);
         PoolControl {
             level: self.level,
@@ -2175,6 +2183,22 @@ mod tests {
         let expected = 10_000.0 * (u + 0.7 * (50.0 - u) - 20.0) / 30.0;
         assert!((limit - expected).abs() < 10.0, "{limit} vs {expected}");
         assert!(limit < 9_500.0, "below the full cache: {limit}");
+        // A pool only Best-Effort uses has nobody above it to keep a ceiling for: a tier is
+        // never gated for its own latency.
+        let mut alone = PoolController::new();
+        let mut ctl = None;
+        for i in 0..60 {
+            at += 500;
+            let usage = (i % 6) as f64 * 0.06;
+            let itl = 20.0 + 30.0 * usage;
+            let signals = PoolSignals {
+                inflight_work: Some(10_000.0 * usage),
+                ..vllm(100.0 * usage, 0.0, 0.0, itl)
+            };
+            let outcomes = streams(at, Tier::BestEffort, 100.0, itl, 6);
+            ctl = Some(alone.observe(Pool::Spot, &rules, &t, &signals, &outcomes, at));
+        }
+        assert_eq!(ctl.unwrap().work_limit, None);
     }
 
     /// Without streamed answers of its own a tier reads vLLM's pace (the batch decodes every
