@@ -2182,7 +2182,6 @@ mod tests {
         let u = ctl.dims[0][Dim::Tpot.index()].unloaded_ms.unwrap();
         let expected = 10_000.0 * (u + 0.7 * (50.0 - u) - 20.0) / 30.0;
         assert!((limit - expected).abs() < 10.0, "{limit} vs {expected}");
-        assert!(limit < 9_500.0, "below the full cache: {limit}");
         // A pool only Best-Effort uses has nobody above it to keep a ceiling for: a tier is
         // never gated for its own latency.
         let mut alone = PoolController::new();
