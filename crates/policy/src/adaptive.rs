@@ -2147,35 +2147,37 @@ mod tests {
         assert!(zero_at.is_some(), "{}", c.level());
     }
 
-    /// A pool whose pace grows with its cache publishes, before any tier has run short, the work
-    /// at which Guaranteed's TPOT budget would: the pace line is learned from the samples, and
-    /// the ceiling scales Sluice's work in flight to the usage that pace needs.
-    #[test]
-    fn the_pace_line_predicts_the_work_ceiling_before_a_shortage() {
-        let rules = ttft_tpot_rules();
-        let t = AdaptiveTuning::default();
-        let mut c = PoolController::new();
-        let mut at = 0;
+    /// 30 s of a pool decoding at 20 ms a token at an empty cache and 30 ms more at a full one,
+    /// its usage cycling from 0 to 30 % with 100 tokens in flight a point; `outcomes` of each
+    /// sample by its time and pace. The last control published.
+    fn on_a_pace_line(
+        c: &mut PoolController,
+        pool: Pool,
+        outcomes: impl Fn(Millis, f64) -> Vec<Outcome>,
+    ) -> PoolControl {
+        let (rules, t) = (ttft_tpot_rules(), AdaptiveTuning::default());
         let mut ctl = None;
-        // 20 ms a token at an empty cache, +30 ms at a full one; 100 tokens in flight a point.
-        for i in 0..60 {
-            at += 500;
+        for i in 0..60u64 {
+            let at = 500 * (i + 1);
             let usage = (i % 6) as f64 * 0.06;
             let itl = 20.0 + 30.0 * usage;
             let signals = PoolSignals {
                 inflight_work: Some(10_000.0 * usage),
                 ..vllm(100.0 * usage, 0.0, 0.0, itl)
             };
-            ctl = Some(c.observe(
-                Pool::OnDemand,
-                &rules,
-                &t,
-                &signals,
-                &all_tiers(at, 100.0, itl),
-                at,
-            ));
+            ctl = Some(c.observe(pool, &rules, &t, &signals, &outcomes(at, itl), at));
         }
-        let ctl = ctl.unwrap();
+        ctl.unwrap()
+    }
+
+    /// A pool whose pace grows with its cache publishes, before any tier has run short, the work
+    /// at which Guaranteed's TPOT budget would: the pace line is learned from the samples, and
+    /// the ceiling scales Sluice's work in flight to the usage that pace needs.
+    #[test]
+    fn the_pace_line_predicts_the_work_ceiling_before_a_shortage() {
+        let ctl = on_a_pace_line(&mut PoolController::new(), Pool::OnDemand, |at, itl| {
+            all_tiers(at, 100.0, itl)
+        });
         // Guaranteed's TPOT target 50 ms over its unloaded 20: short past 20 + 0.7 × 30 = 41 ms,
         // reached at 70 % of the cache, 7,000 tokens.
         let limit = ctl.work_limit.expect("a ceiling");
@@ -2184,20 +2186,10 @@ mod tests {
         assert!((limit - expected).abs() < 10.0, "{limit} vs {expected}");
         // A pool only Best-Effort uses has nobody above it to keep a ceiling for: a tier is
         // never gated for its own latency.
-        let mut alone = PoolController::new();
-        let mut ctl = None;
-        for i in 0..60 {
-            at += 500;
-            let usage = (i % 6) as f64 * 0.06;
-            let itl = 20.0 + 30.0 * usage;
-            let signals = PoolSignals {
-                inflight_work: Some(10_000.0 * usage),
-                ..vllm(100.0 * usage, 0.0, 0.0, itl)
-            };
-            let outcomes = streams(at, Tier::BestEffort, 100.0, itl, 6);
-            ctl = Some(alone.observe(Pool::Spot, &rules, &t, &signals, &outcomes, at));
-        }
-        assert_eq!(ctl.unwrap().work_limit, None);
+        let ctl = on_a_pace_line(&mut PoolController::new(), Pool::Spot, |at, itl| {
+            streams(at, Tier::BestEffort, 100.0, itl, 6)
+        });
+        assert_eq!(ctl.work_limit, None);
     }
 
     /// Without streamed answers of its own a tier reads vLLM's pace (the batch decodes every
