@@ -1010,8 +1010,8 @@ impl PoolController {
         };
         // The predicted ceiling holds whether or not the learned limit is on: it needs no
         // shortage to have happened first.
-        let predicted = ceiling::ceiling(&self.pace_fit, pace_limit, usage, signals.inflight_work)
-            .filter(|_| Tier::ALL.into_iter().any(protected));
+        // No protected tier on the pool, no pace limit, no ceiling.
+        let predicted = ceiling::ceiling(&self.pace_fit, pace_limit, usage, signals.inflight_work);
         let work_limit = either(learned, predicted, f64::min);
         PoolControl {
             level: self.level,

@@ -70,19 +70,17 @@ impl UsableSet {
         let ok = |info: &BackendInfo| want.serves.is_none_or(|serves| serves(&info.name));
         let avoid = |info: &BackendInfo| want.exclude.contains(&info.name);
         let start = next(ordinal);
-        let n = self.backends.len();
-        let at = |i: usize| &self.backends[(start + i) % n.max(1)];
-        let candidates = || (0..n).map(at).filter(|(_, info)| ok(info));
         let allowed = |info: &BackendInfo| ok(info) && !avoid(info);
+        let candidates = || self.rotated(start, &allowed);
         let (chosen, home) = match selection {
-            Selection::RoundRobin => (candidates().find(|(_, info)| !avoid(info)), false),
-            Selection::LeastLoad => (least_loaded(candidates().filter(|(_, i)| !avoid(i))), false),
+            Selection::RoundRobin => (candidates().next(), false),
+            Selection::LeastLoad => (least_loaded(candidates()), false),
             Selection::PrefixAffinity => match want.prefix {
                 Some(key) if affinity.affine() => {
                     split(self.affine(key, load_bound, start, &affinity.homes, &allowed))
                 }
                 Some(key) => split(self.spread(key, start, &affinity.homes, &allowed)),
-                None => (least_loaded(candidates().filter(|(_, i)| !avoid(i))), false),
+                None => (least_loaded(candidates()), false),
             },
         };
         let (b, info) = chosen?;
@@ -479,6 +477,27 @@ mod tests {
             3,
             "different heads spread over the ring: {spread:?}"
         );
+    }
+
+    /// A head seen for the first time goes where least load would send it, not to a ring node
+    /// as busy as the mean: with prompts that share nothing every head is new, and affinity
+    /// must then balance as least load does.
+    #[test]
+    fn a_new_head_goes_where_least_load_would() {
+        let mut loads = BackendLoads::default();
+        let addrs = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"];
+        let set = set_of(&addrs, &mut loads);
+        // Two requests on the first replica, one on the second, none on the third: the second
+        // is as busy as the mean, a whole request above the idle one.
+        let _held: Vec<_> = [addrs[0], addrs[0], addrs[1]]
+            .iter()
+            .map(|a| loads.get(a).unwrap().lease())
+            .collect();
+        for k in 0..50u64 {
+            let key = k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let p = set.pick4(Selection::PrefixAffinity, 1.25, 3, want(key));
+            assert_eq!(name(p), "127.0.0.1:3", "head {key}");
+        }
     }
 
     #[test]
