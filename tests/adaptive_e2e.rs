@@ -163,19 +163,23 @@ async fn guaranteed_short_of_headroom_shapes_standard_first_then_recovers() {
         })
     };
     // Standard probes every 150 ms, each on its own (an answer takes 1.8 s): the ladder's
-    // order shows in the order of their decisions, whatever the level's speed.
+    // order shows in the order of their decisions, whatever the level's speed. The shipped
+    // rise is up to two steps a sample, so the level can pass both shaping steps between two
+    // probes: one more probe once it has gone past them sees where it stands.
     let mut probes = Vec::new();
     let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_secs(20) {
+    let probe = || {
         let s2 = Arc::clone(&s);
-        probes.push(tokio::spawn(async move {
-            decision(&s2, "coding-assistant", 400).await
-        }));
+        tokio::spawn(async move { decision(&s2, "coding-assistant", 400).await })
+    };
+    while started.elapsed() < Duration::from_secs(20) {
+        probes.push(probe());
         tokio::time::sleep(Duration::from_millis(150)).await;
         let level = s.status().await["admission_control"]["pools"]["on-demand"]["level"]
             .as_f64()
             .unwrap_or(0.0);
         if level >= 2.0 {
+            probes.push(probe());
             break;
         }
     }
