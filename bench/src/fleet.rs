@@ -334,6 +334,8 @@ struct Workload {
     load_slowdown: f64,
     block_size: u64,
     prefix_cache_tokens: Option<u64>,
+    /// `sluice sim --serial-prefill`: prefills take turns on the replica's compute.
+    serial_prefill: bool,
     prompt_tokens_details: bool,
     rate: f64,
     duration_s: f64,
@@ -365,6 +367,7 @@ impl Workload {
             load_slowdown: args.load_slowdown,
             block_size: args.block_size,
             prefix_cache_tokens: None,
+            serial_prefill: false,
             prompt_tokens_details: !args.no_prompt_tokens_details,
             rate: args.rate,
             duration_s: args.duration_s,
@@ -389,6 +392,7 @@ impl Workload {
             prefill_us_per_token: args.heads_prefill_us_per_token,
             itl_ms: args.heads_itl_ms,
             prefix_cache_tokens: Some(args.heads_prefix_cache_tokens),
+            serial_prefill: true,
             duration_s: args.heads_duration_s,
             warmup_s: args.heads_warmup_s,
             seed,
@@ -411,7 +415,8 @@ impl Workload {
 
     /// Requests a second a 70b replica serves with nothing cached: its batch (by sequences or
     /// by KV, whichever binds) over one request's time, prefill of the whole prompt and decode,
-    /// both slowed by the KV a full batch writes (`load_slowdown`), as the simulator slows them.
+    /// both slowed by the KV a full batch writes (`load_slowdown`), as the simulator slows them;
+    /// with prefills taking turns, no more than its compute prefills whole prompts, if fewer.
     fn replica_capacity(&self) -> f64 {
         let mean = |r: [u64; 2]| (r[0] + r[1]) as f64 / 2.0;
         let prompt = self.system_tokens as f64 + mean(self.user_tokens);
@@ -421,7 +426,14 @@ impl Workload {
         let slow = 1.0 + self.load_slowdown * written;
         let prefill_ms = self.ttft_ms as f64 + prompt * self.prefill_us_per_token as f64 / 1000.0;
         let service_ms = (prefill_ms + (out - 1.0).max(0.0) * self.itl_ms) * slow;
-        batch / (service_ms / 1000.0)
+        let by_batch = batch / (service_ms / 1000.0);
+        if self.serial_prefill {
+            // Unslowed: traffic this bound holds keeps a small batch, which writes little KV.
+            let compute_ms = prompt * self.prefill_us_per_token as f64 / 1000.0;
+            by_batch.min(1000.0 / compute_ms.max(f64::MIN_POSITIVE))
+        } else {
+            by_batch
+        }
     }
 
     /// One replica's flags; the 8b model prefills four times and decodes twice as fast.
@@ -456,6 +468,9 @@ impl Workload {
         }
         if self.prompt_tokens_details {
             flags.push("--enable-prompt-tokens-details".to_string());
+        }
+        if self.serial_prefill {
+            flags.push("--serial-prefill".to_string());
         }
         flags
     }
@@ -2017,7 +2032,9 @@ fn render_heads(
          learns whether its homes pay); {:.0} % to `{SMALL_MODEL}`, the rest a system prompt then \
          a unique {}-{} token user turn, max_tokens {}-{}, tenants weighted {}. Load: the \
          arrival rate over the on-demand pool's capacity with nothing cached (three replicas, \
-         each {:.2} req/s: its batch over one request's prefill and decode): {}. Seeds {}..{} \
+         each {:.2} req/s: its prefill compute over whole prompts, taken in turn as on a GPU \
+         (`--serial-prefill`), which binds before its batch over one request's prefill and \
+         decode): {}. Seeds {}..{} \
          for every load and selection; a figure is the mean over seeds [lowest–highest]. \
          Ceiling: the system prompts' share of the on-demand pool's prompt tokens.\n",
         w.sim_flags(MAIN_MODEL)

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -125,6 +126,11 @@ pub(crate) struct EngineConfig {
     /// At most this many tokens of cached blocks nobody uses stay cached; `None`: as many as
     /// the free KV holds.
     pub prefix_cache_tokens: Option<u64>,
+    /// Prefills take turns on the engine's compute, as on a GPU (vLLM fills each step's token
+    /// budget with the waiting prefills in order): a prefill starts when the one before it is
+    /// done, so every uncached prompt token delays the prompts behind it, and a prefix-cache
+    /// hit frees compute for them. Off: each prefill takes its own time whatever runs beside it.
+    pub serial_prefill: bool,
 }
 
 /// A request whose KV need exceeds the whole budget: vLLM rejects these instead of queueing them
@@ -161,6 +167,8 @@ struct Inner {
     /// Mirrors of the used and written KV so per-token latency checks never contend on the lock.
     kv_used: AtomicU64,
     kv_written: AtomicU64,
+    /// With `serial_prefill`: when the prefills already scheduled will be done.
+    prefill_free: Mutex<Option<Instant>>,
 }
 
 #[derive(Default)]
@@ -353,6 +361,7 @@ impl Engine {
                 state: Mutex::new(State::default()),
                 kv_used: AtomicU64::new(0),
                 kv_written: AtomicU64::new(0),
+                prefill_free: Mutex::new(None),
             }),
         }
     }
@@ -483,6 +492,28 @@ impl Engine {
         ms_to_duration(base * self.load_factor())
     }
 
+    /// How long from now until the first token of a request whose `prompt_tokens` uncached
+    /// tokens start prefilling now: [`Engine::ttft`], or with `serial_prefill` the fixed part
+    /// plus the wait for the prefills scheduled before it and its own compute, which it then
+    /// holds the engine's prefill for.
+    pub(crate) fn schedule_prefill(&self, prompt_tokens: u64) -> Duration {
+        let cfg = &self.inner.cfg;
+        if !cfg.serial_prefill {
+            return self.ttft(prompt_tokens);
+        }
+        let lf = self.load_factor();
+        let compute = ms_to_duration(prompt_tokens as f64 * cfg.prefill_us_per_token / 1000.0 * lf);
+        let now = Instant::now();
+        let mut free = self
+            .inner
+            .prefill_free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let done = free.filter(|t| *t > now).unwrap_or(now) + compute;
+        *free = Some(done);
+        ms_to_duration(cfg.ttft_ms * lf) + (done - now)
+    }
+
     /// One decode step at the current load.
     pub(crate) fn itl(&self) -> Duration {
         ms_to_duration(self.inner.cfg.itl_ms * self.load_factor())
@@ -544,6 +575,7 @@ mod tests {
             block_tokens: 16,
             prefix_caching: true,
             prefix_cache_tokens: None,
+            serial_prefill: false,
         })
     }
 
@@ -841,6 +873,29 @@ mod tests {
         }
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn serial_prefills_wait_for_the_ones_before_them() {
+        let mut cfg = reserving(KvReserve::Output, 1000, 8).inner.cfg.clone();
+        let parallel = Engine::new(cfg.clone());
+        cfg.serial_prefill = true;
+        let serial = Engine::new(cfg);
+        // 1,000 uncached tokens at 50 us are 50 ms of compute, plus the fixed 20 ms.
+        for _ in 0..3 {
+            assert_eq!(parallel.schedule_prefill(1000), Duration::from_millis(70));
+        }
+        let waits: Vec<_> = (0..3).map(|_| serial.schedule_prefill(1000)).collect();
+        assert_eq!(
+            waits,
+            [70, 120, 170].map(Duration::from_millis),
+            "each waits for the compute scheduled before it"
+        );
+        // A cached prompt computes nothing, so it waits only for what is ahead of it; once
+        // that is done, a prefill runs alone again.
+        assert_eq!(serial.schedule_prefill(0), Duration::from_millis(170));
+        tokio::time::advance(Duration::from_millis(150)).await;
+        assert_eq!(serial.schedule_prefill(1000), Duration::from_millis(70));
+    }
+
     #[tokio::test]
     async fn a_cached_head_is_shared_and_costs_no_new_kv() {
         let e = engine(1000, 8);
@@ -901,6 +956,7 @@ mod tests {
         // Plenty of KV for running requests, but 32 tokens (two blocks) of free cache.
         let e = Engine::new(EngineConfig {
             prefix_cache_tokens: Some(32),
+            serial_prefill: false,
             ..engine(1000, 8).inner.cfg.clone()
         });
         let a = e.admit(prompt(&e, &[1, 2, 3], 0)).await.unwrap();

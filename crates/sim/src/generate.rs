@@ -138,7 +138,7 @@ impl<'a> Progress<'a> {
             .spec
             .prompt_tokens
             .saturating_sub(served.cached_tokens);
-        self.sim.engine.ttft(uncached) + ms_to_duration(self.sim.admin.get().extra_ms)
+        self.sim.engine.schedule_prefill(uncached) + ms_to_duration(self.sim.admin.get().extra_ms)
     }
 
     fn first_token(&mut self) {

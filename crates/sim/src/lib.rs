@@ -103,6 +103,9 @@ pub struct SimArgs {
     /// At most this many tokens of cached blocks no request uses are kept (least recently freed evicted first); default: all the free KV holds. A small cache thrashes when more distinct prompt heads come than it holds, without limiting the running batch's KV
     #[arg(long)]
     pub prefix_cache_tokens: Option<u64>,
+    /// Prefills take turns on the engine's compute, as on a GPU: each waits for the prefills scheduled before it, so uncached prompt tokens delay the prompts behind them and a prefix-cache hit frees compute for them (default: each prefill takes its own time alone)
+    #[arg(long)]
+    pub serial_prefill: bool,
     /// As vLLM's flag: usage reports the prompt tokens the prefix cache served, as prompt_tokens_details.cached_tokens (in a stream's usage chunk with stream_options.include_usage)
     #[arg(long)]
     pub enable_prompt_tokens_details: bool,
@@ -183,6 +186,7 @@ impl Sim {
                 block_tokens: args.block_size,
                 prefix_caching: args.prefix_caching == Switch::On,
                 prefix_cache_tokens: args.prefix_cache_tokens,
+                serial_prefill: args.serial_prefill,
             }),
             metrics: Metrics::new(args.engines),
             models,
@@ -320,6 +324,7 @@ mod tests {
             block_size: 16,
             prefix_caching: Switch::On,
             prefix_cache_tokens: None,
+            serial_prefill: false,
             enable_prompt_tokens_details: false,
             scheduling_policy: SchedulingPolicy::Fcfs,
             loras: Vec::new(),
