@@ -27,7 +27,7 @@
 
 use crate::ceiling::{self, PaceFit};
 use crate::slo::{Dim, Slo};
-use crate::tenant_policy::PolicyRules;
+use crate::tenant_policy::{FallbackCapacity, PolicyRules};
 pub use crate::tuning::AdaptiveTuning;
 use crate::types::{Millis, Pool, PoolSignals, Tier};
 use crate::work_gate::WorkLimit;
@@ -991,7 +991,17 @@ impl PoolController {
             .filter(|t| has_traffic(*t))
             .map(rank)
             .min();
-        let protected = |t: Tier| has_traffic(t) && lowest.is_some_and(|l| rank(t) > l);
+        // Nor for a tier whose requests here are only the fallback model's, borrowed from the
+        // tier's own pool: a fallback rides on this pool's spare capacity and must not hold
+        // back the pool's own tenants (they would end worse off than with no proxy, which
+        // never sends the borrowed answers here); the ladder still answers a shortage of it.
+        let borrowed = |t: Tier| {
+            !rules.spot_is_on_demand
+                && rules.fallback_capacity == FallbackCapacity::On(pool)
+                && rules.tier(t).preferred_pool != pool
+        };
+        let protected =
+            |t: Tier| has_traffic(t) && !borrowed(t) && lowest.is_some_and(|l| rank(t) > l);
         let pace_limit = Tier::ALL
             .into_iter()
             .filter(|t| protected(*t) && !unattainable[t.index()])
@@ -2153,9 +2163,10 @@ mod tests {
     fn on_a_pace_line(
         c: &mut PoolController,
         pool: Pool,
+        rules: &PolicyRules,
         outcomes: impl Fn(Millis, f64) -> Vec<Outcome>,
     ) -> PoolControl {
-        let (rules, t) = (ttft_tpot_rules(), AdaptiveTuning::default());
+        let t = AdaptiveTuning::default();
         let mut ctl = None;
         for i in 0..60u64 {
             let at = 500 * (i + 1);
@@ -2165,7 +2176,7 @@ mod tests {
                 inflight_work: Some(10_000.0 * usage),
                 ..vllm(100.0 * usage, 0.0, 0.0, itl)
             };
-            ctl = Some(c.observe(pool, &rules, &t, &signals, &outcomes(at, itl), at));
+            ctl = Some(c.observe(pool, rules, &t, &signals, &outcomes(at, itl), at));
         }
         ctl.unwrap()
     }
@@ -2175,9 +2186,13 @@ mod tests {
     /// the ceiling scales Sluice's work in flight to the usage that pace needs.
     #[test]
     fn the_pace_line_predicts_the_work_ceiling_before_a_shortage() {
-        let ctl = on_a_pace_line(&mut PoolController::new(), Pool::OnDemand, |at, itl| {
-            all_tiers(at, 100.0, itl)
-        });
+        let rules = ttft_tpot_rules();
+        let ctl = on_a_pace_line(
+            &mut PoolController::new(),
+            Pool::OnDemand,
+            &rules,
+            |at, itl| all_tiers(at, 100.0, itl),
+        );
         // Guaranteed's TPOT target 50 ms over its unloaded 20: short past 20 + 0.7 × 30 = 41 ms,
         // reached at 70 % of the cache, 7,000 tokens.
         let limit = ctl.work_limit.expect("a ceiling");
@@ -2186,10 +2201,30 @@ mod tests {
         assert!((limit - expected).abs() < 10.0, "{limit} vs {expected}");
         // A pool only Best-Effort uses has nobody above it to keep a ceiling for: a tier is
         // never gated for its own latency.
-        let ctl = on_a_pace_line(&mut PoolController::new(), Pool::Spot, |at, itl| {
+        let ctl = on_a_pace_line(&mut PoolController::new(), Pool::Spot, &rules, |at, itl| {
             streams(at, Tier::BestEffort, 100.0, itl, 6)
         });
         assert_eq!(ctl.work_limit, None);
+        // Standard's fallback answers on spot, whose capacity the fallback model uses, are
+        // borrowed: spot's own Best-Effort is not held back for them. Were spot Standard's own
+        // pool, it would be.
+        let mut rules = ttft_tpot_rules();
+        rules.fallback_capacity = FallbackCapacity::On(Pool::Spot);
+        // Standard's TPOT budget as Guaranteed's, which this pace line reaches within the cache.
+        rules.tiers[Tier::Standard.index()].slo.tpot_ms = Some(50);
+        let both = |at: Millis, itl: f64| {
+            let mut o = streams(at, Tier::BestEffort, 100.0, itl, 6);
+            o.extend(streams(at, Tier::Standard, 100.0, itl, 2));
+            o
+        };
+        let ctl = on_a_pace_line(&mut PoolController::new(), Pool::Spot, &rules, both);
+        assert_eq!(ctl.work_limit, None, "no ceiling for borrowed answers");
+        rules.tiers[Tier::Standard.index()].preferred_pool = Pool::Spot;
+        let ctl = on_a_pace_line(&mut PoolController::new(), Pool::Spot, &rules, both);
+        assert!(
+            ctl.work_limit.is_some(),
+            "Standard's own pool keeps a ceiling for it"
+        );
     }
 
     /// Without streamed answers of its own a tier reads vLLM's pace (the batch decodes every
