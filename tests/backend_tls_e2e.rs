@@ -132,7 +132,8 @@ async fn wait_refused(s: &Sluice, error: &str) -> Value {
     .await
 }
 
-/// What a client sees when the only on-demand backend is refused: 503 with the JSON contract's
+/// What a client sees when the only on-demand backend is refused and spot is down too (else
+/// Guaranteed is served from spot once spot's first check passes): 503 with the JSON contract's
 /// error, naming no address.
 async fn assert_unavailable(s: &Sluice, front: &TlsFront) {
     let r = s
@@ -191,6 +192,7 @@ async fn a_backend_behind_tls_serves_chat_passes_health_checks_and_is_scraped() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_from_another_ca_is_refused() {
     let f = fleet("ca").await;
+    sim_admin(&f.sp, "/admin/health", json!({"healthy": false})).await;
     let s = f
         .sluice(json!({"ca_file": f.file("other/ca.pem")}), false)
         .await;
@@ -228,6 +230,7 @@ async fn a_certificate_from_another_ca_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_for_another_name_is_refused_unless_verify_is_off() {
     let f = fleet("sni").await;
+    sim_admin(&f.sp, "/admin/health", json!({"healthy": false})).await;
     let wrong = json!({"ca_file": f.file("ca.pem"), "sni": "vllm.other.example"});
     let s = f.sluice(wrong, false).await;
     wait_refused(&s, r#"not valid for name "vllm.other.example""#).await;
