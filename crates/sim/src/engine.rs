@@ -23,9 +23,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
-use tokio::time::Instant;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::prefix::{Lookup, PrefixCache};
 
@@ -956,7 +956,6 @@ mod tests {
         // Plenty of KV for running requests, but 32 tokens (two blocks) of free cache.
         let e = Engine::new(EngineConfig {
             prefix_cache_tokens: Some(32),
-            serial_prefill: false,
             ..engine(1000, 8).inner.cfg.clone()
         });
         let a = e.admit(prompt(&e, &[1, 2, 3], 0)).await.unwrap();
