@@ -2032,9 +2032,9 @@ fn render_heads(
          learns whether its homes pay); {:.0} % to `{SMALL_MODEL}`, the rest a system prompt then \
          a unique {}-{} token user turn, max_tokens {}-{}, tenants weighted {}. Load: the \
          arrival rate over the on-demand pool's capacity with nothing cached (three replicas, \
-         each {:.2} req/s: its prefill compute over whole prompts, taken in turn as on a GPU \
-         (`--serial-prefill`), which binds before its batch over one request's prefill and \
-         decode): {}. Seeds {}..{} \
+         each {:.2} req/s: the lower of its batch over one request's prefill and decode, and \
+         its prefill compute over whole prompts, taken in turn as on a GPU with \
+         `--serial-prefill`): {}. Seeds {}..{} \
          for every load and selection; a figure is the mean over seeds [lowest–highest]. \
          Ceiling: the system prompts' share of the on-demand pool's prompt tokens.\n",
         w.sim_flags(MAIN_MODEL)

@@ -487,9 +487,18 @@ impl Engine {
     /// Prefill time of `prompt_tokens` uncached tokens at the current load (without any
     /// admin-injected delay).
     pub(crate) fn ttft(&self, prompt_tokens: u64) -> Duration {
-        let cfg = &self.inner.cfg;
-        let base = cfg.ttft_ms + prompt_tokens as f64 * cfg.prefill_us_per_token / 1000.0;
-        ms_to_duration(base * self.load_factor())
+        let (fixed, compute) = self.prefill_parts(prompt_tokens);
+        fixed + compute
+    }
+
+    /// A first token's fixed part and the compute of `prompt_tokens` uncached tokens, both at
+    /// the current load.
+    fn prefill_parts(&self, prompt_tokens: u64) -> (Duration, Duration) {
+        let (cfg, lf) = (&self.inner.cfg, self.load_factor());
+        (
+            ms_to_duration(cfg.ttft_ms * lf),
+            ms_to_duration(prompt_tokens as f64 * cfg.prefill_us_per_token / 1000.0 * lf),
+        )
     }
 
     /// How long from now until the first token of a request whose `prompt_tokens` uncached
@@ -497,12 +506,10 @@ impl Engine {
     /// plus the wait for the prefills scheduled before it and its own compute, which it then
     /// holds the engine's prefill for.
     pub(crate) fn schedule_prefill(&self, prompt_tokens: u64) -> Duration {
-        let cfg = &self.inner.cfg;
-        if !cfg.serial_prefill {
-            return self.ttft(prompt_tokens);
+        let (fixed, compute) = self.prefill_parts(prompt_tokens);
+        if !self.inner.cfg.serial_prefill {
+            return fixed + compute;
         }
-        let lf = self.load_factor();
-        let compute = ms_to_duration(prompt_tokens as f64 * cfg.prefill_us_per_token / 1000.0 * lf);
         let now = Instant::now();
         let mut free = self
             .inner
@@ -511,7 +518,7 @@ impl Engine {
             .unwrap_or_else(PoisonError::into_inner);
         let done = free.filter(|t| *t > now).unwrap_or(now) + compute;
         *free = Some(done);
-        ms_to_duration(cfg.ttft_ms * lf) + (done - now)
+        fixed + (done - now)
     }
 
     /// One decode step at the current load.
