@@ -485,7 +485,8 @@ impl Engine {
     }
 
     /// Prefill time of `prompt_tokens` uncached tokens at the current load (without any
-    /// admin-injected delay).
+    /// admin-injected delay), taken alone.
+    #[cfg(test)]
     pub(crate) fn ttft(&self, prompt_tokens: u64) -> Duration {
         let (fixed, compute) = self.prefill_parts(prompt_tokens);
         fixed + compute
