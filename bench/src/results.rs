@@ -83,12 +83,7 @@ pub async fn run_scenarios(
                 let sum = report::summarize(&run);
                 eprintln!("sluice-bench: {}", one_line(&sum));
                 if let Some(dir) = &scen.dump_runs {
-                    let path = dir.join(format!("{}-{}-{}.json", s.name, mode.as_str(), engine));
-                    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-                    write(
-                        &path,
-                        &serde_json::to_string(&run).map_err(|e| e.to_string())?,
-                    )?;
+                    dump_run(dir, &run, engine)?;
                 }
                 runs.push(run);
             }
@@ -222,7 +217,8 @@ pub fn calibrate(scen: &ScenarioArgs, modes: &[Mode], seeds: u64) -> Result<(), 
                 "#### {}\n\n{} seeds from {}; {}.\n",
                 base.name, seeds, base.seed, base.description
             );
-            let spread = spread_of(&base, modes, seeds, scen.sla_signal)?;
+            let dump = scen.dump_runs.as_deref();
+            let spread = spread_of(&base, modes, seeds, scen.sla_signal, dump)?;
             print!("{}", slo_spread_table(&spread));
             let targets = slo_targets(&base, |m, t| {
                 spread
@@ -443,6 +439,7 @@ fn spread_of(
     modes: &[Mode],
     seeds: u64,
     sla: SlaSignal,
+    dump: Option<&Path>,
 ) -> Result<Vec<ModeSpread>, String> {
     let mut out = Vec::new();
     for &mode in modes {
@@ -463,7 +460,11 @@ fn spread_of(
             } else {
                 s.arrivals()
             };
-            let sum = report::summarize(&run_model(&s, mode, &arr, sla)?);
+            let run = run_model(&s, mode, &arr, sla)?;
+            if let Some(dir) = dump {
+                dump_run(dir, &run, &format!("seed{}", s.seed))?;
+            }
+            let sum = report::summarize(&run);
             for t in &sum.tiers {
                 if let Some(tier) = Tier::parse(&t.tier) {
                     m.tiers[tier.index()].push(t);
@@ -490,7 +491,7 @@ fn seed_spread(
     seeds: u64,
     sla: SlaSignal,
 ) -> Result<String, String> {
-    let spread = spread_of(base, modes, seeds, sla)?;
+    let spread = spread_of(base, modes, seeds, sla, None)?;
     if base.slo_ms.is_some() {
         return Ok(slo_spread_table(&spread));
     }
@@ -671,6 +672,16 @@ over HTTP, and Sluice may legitimately reverse exactly at the cooldown); `revers
 arrival of the last request that missed its SLA, and to the tiers' return to Normal. The model \
 rows replay the same arrivals through the pure policy core in simulated time with a model of \
 the simulator; they are a cross-check, the live rows are the result.\n";
+
+/// One run's raw records and samples as JSON (`--dump-runs`), named by scenario, mode and `tag`.
+fn dump_run(dir: &Path, run: &Run, tag: &str) -> Result<(), String> {
+    let path = dir.join(format!("{}-{}-{tag}.json", run.scenario, run.mode.as_str()));
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    write(
+        &path,
+        &serde_json::to_string(run).map_err(|e| e.to_string())?,
+    )
+}
 
 fn run_model(s: &Scenario, mode: Mode, arr: &[Arrival], sla: SlaSignal) -> Result<Run, String> {
     let dir = std::env::temp_dir();
