@@ -68,7 +68,30 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
         );
     }
     let u = draw(req.ticket);
+    // The fallback is other capacity only while the pool it runs on is not short itself.
+    let fallback_usable = req.fallback_available
+        && req
+            .fallback_pool
+            .and_then(Pool::signal_index)
+            .is_none_or(|i| !state.pools[i].saturated);
+    let to_fallback = |reason, cap| {
+        let action = Action::Fallback { max_tokens: cap };
+        decision(action, reason, Pool::Fallback, Reason::RouteFallback)
+    };
     if u < shares.shed {
+        // A shed request would also have been moved (the steps nest): while the fallback can
+        // still take it, its answer there meets an objective a 429 never does. A rail refuses,
+        // as the operator's hard limit.
+        if ctl.rail.is_none()
+            && fallback_usable
+            && tier.fallback_eligible
+            && rules.fallback_relieves(pool)
+        {
+            return to_fallback(
+                Reason::FallbackHeadroom,
+                tier.brownout_max_tokens.or(tier.max_tokens_cap),
+            );
+        }
         let reason = match ctl.rail {
             Some(RailKind::Pressure) => Reason::RailPressure,
             Some(RailKind::QueueDepth) => Reason::RailQueueDepth,
@@ -78,18 +101,8 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
     }
     let brownout = tier.brownout_max_tokens.filter(|_| u < shares.brownout);
     let cap = brownout.or(tier.max_tokens_cap.filter(|_| u < shares.cap));
-    // The fallback is other capacity only while the pool it runs on is not short itself.
-    let fallback_usable = req.fallback_available
-        && req
-            .fallback_pool
-            .and_then(Pool::signal_index)
-            .is_none_or(|i| !state.pools[i].saturated);
-    let to_fallback = |reason| {
-        let action = Action::Fallback { max_tokens: cap };
-        decision(action, reason, Pool::Fallback, Reason::RouteFallback)
-    };
     if u < shares.fallback && fallback_usable {
-        return to_fallback(Reason::FallbackHeadroom);
+        return to_fallback(Reason::FallbackHeadroom, cap);
     }
     // The work gate: while the level is up, what it lets through must still fit the tier's
     // share of the pool's work limit (the predicted ceiling, and the learned limit where
@@ -114,7 +127,7 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
             return decision(action, Reason::DegradeWorkLimit, pool, route_reason);
         }
         if fallback_usable && tier.fallback_eligible && rules.fallback_relieves(pool) {
-            return to_fallback(Reason::FallbackWorkLimit);
+            return to_fallback(Reason::FallbackWorkLimit, cap);
         }
         return decision(Action::Reject, Reason::RejectWorkLimit, pool, route_reason);
     }
@@ -249,8 +262,8 @@ mod tests {
     }
 
     /// Past its cap, Standard is capped deeper before any of it is moved or refused; the
-    /// fallback step then moves requests that keep the deeper cap, and only the shed step
-    /// refuses.
+    /// fallback step then moves requests that keep the deeper cap, and the shed step refuses
+    /// only what the fallback cannot take.
     #[test]
     fn standard_is_browned_out_before_it_is_moved_or_shed() {
         use super::super::adaptive::{ladder, StepKind};
@@ -293,7 +306,24 @@ mod tests {
         };
         halfway(b, &browned, &capped);
         halfway(b + 1, &moved, &browned);
-        halfway(shed_at, &shed, &moved);
+        // While the fallback is other capacity with room, the shed step moves what it would
+        // refuse: the smaller model's answer is worth more to a client than a 429.
+        let mut at = s.clone();
+        at.pools[0].level = shed_at as f64 + 0.5;
+        assert_eq!(n(&decided(&at), &moved), 1000);
+        // Without it, the shed step refuses its share.
+        let v: Vec<_> = (0..1000)
+            .map(|ticket| {
+                let no_fallback = RequestFacts {
+                    fallback_available: false,
+                    ..facts(Tier::Standard, ticket)
+                };
+                let d = decide(&at, &rules, &no_fallback);
+                (d.action, d.reason)
+            })
+            .collect();
+        assert_eq!(n(&v, &shed) + n(&v, &browned), 1000);
+        assert!(n(&v, &shed).abs_diff(500) < 60, "{}", n(&v, &shed));
     }
 
     #[test]
