@@ -74,6 +74,9 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
             .fallback_pool
             .and_then(Pool::signal_index)
             .is_none_or(|i| !state.pools[i].saturated);
+    // Past the fallback step, a request may still be moved where its tier may fall back and the
+    // fallback is other capacity than this pool.
+    let may_move = fallback_usable && tier.fallback_eligible && rules.fallback_relieves(pool);
     let to_fallback = |reason, cap| {
         let action = Action::Fallback { max_tokens: cap };
         decision(action, reason, Pool::Fallback, Reason::RouteFallback)
@@ -82,11 +85,7 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
         // A shed request would also have been moved (the steps nest): while the fallback can
         // still take it, its answer there meets an objective a 429 never does. A rail refuses,
         // as the operator's hard limit.
-        if ctl.rail.is_none()
-            && fallback_usable
-            && tier.fallback_eligible
-            && rules.fallback_relieves(pool)
-        {
+        if ctl.rail.is_none() && may_move {
             return to_fallback(
                 Reason::FallbackHeadroom,
                 tier.brownout_max_tokens.or(tier.max_tokens_cap),
@@ -126,7 +125,7 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
             let action = Action::Degrade { max_tokens };
             return decision(action, Reason::DegradeWorkLimit, pool, route_reason);
         }
-        if fallback_usable && tier.fallback_eligible && rules.fallback_relieves(pool) {
+        if may_move {
             return to_fallback(Reason::FallbackWorkLimit, cap);
         }
         return decision(Action::Reject, Reason::RejectWorkLimit, pool, route_reason);
