@@ -48,8 +48,9 @@ async fn best_effort_is_judged_on_spot_and_kv_pressure_is_only_a_rail() {
     let s = serve(&adaptive(&od, &sp)).await;
     assert_eq!(s.status().await["policy_mode"], "adaptive");
 
-    // On-demand at 75 % KV: the prototype sheds Best-Effort at 60 although it runs on spot.
-    s.set_signal("/admin/pressure", 75.0).await;
+    // On-demand at 65 % KV: the prototype sheds Best-Effort at 60 although it runs on spot.
+    // (Under `fallback_pressure_at`, 70: past it Standard would go to the fallback; below.)
+    s.set_signal("/admin/pressure", 65.0).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     for tenant in ["batch-analytics", "coding-assistant", "support-bot"] {
         let (status, d, reason, _) = decision(&s, tenant, 20).await;
@@ -79,7 +80,8 @@ async fn best_effort_is_judged_on_spot_and_kv_pressure_is_only_a_rail() {
     );
 
     // On-demand nearly full: Standard gets its deepest cap at once, before any latency is
-    // late, and nobody is refused; Guaranteed and Best-Effort (on spot) are untouched.
+    // late, and goes to the fallback on spot (past `fallback_pressure_at`, spot's cache idle);
+    // nobody is refused; Guaranteed and Best-Effort (on spot) are untouched.
     s.set_signal("/admin/pressure", 92.0).await;
     wait_for(Duration::from_secs(5), "the shaping floor", || async {
         let st = s.status().await;
@@ -91,12 +93,13 @@ async fn best_effort_is_judged_on_spot_and_kv_pressure_is_only_a_rail() {
         .await;
     assert_eq!(
         (r.status().as_u16(), header(&r, "x-sluice-reason")),
-        (200, "degrade_cache_nearly_full")
+        (200, "fallback_cache_filling")
     );
     let body: Value = r.json().await.unwrap();
     assert_eq!(
-        body["usage"]["completion_tokens"], 64,
-        "brownout cap: {body}"
+        (&body["usage"]["completion_tokens"], &body["model"]),
+        (&json!(64), &json!("llama-3-8b")),
+        "brownout cap, on the fallback model: {body}"
     );
     for tenant in ["support-bot", "batch-analytics"] {
         let (status, d, reason, _) = decision(&s, tenant, 20).await;
@@ -304,7 +307,14 @@ async fn a_nearly_full_cache_caps_every_standard_request_however_sparse() {
     let od = sim("llama-3-70b", &[]).await;
     let sp = sim("llama-3-70b,llama-3-8b", &[]).await;
     sim_admin(&od, "/admin/kv", json!({"usage": 0.92, "waiting": 0})).await;
-    let s = serve(&adaptive(&od, &sp)).await;
+    // Without the move to the fallback past `fallback_pressure_at`, which would take these
+    // requests off the pool whatever the floor does.
+    let mut cfg = adaptive(&od, &sp);
+    merge(
+        &mut cfg,
+        json!({"policy": {"adaptive": {"fallback_pressure_at": null}}}),
+    );
+    let s = serve(&cfg).await;
     wait_for(Duration::from_secs(5), "the shaping floor", || async {
         let st = s.status().await;
         (st["admission_control"]["pools"]["on-demand"]["shaping"] == true).then_some(())

@@ -381,6 +381,7 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
     for (name, at) in [
         ("rail_pressure_at", a.rail_pressure_at),
         ("shape_pressure_at", a.shape_pressure_at),
+        ("fallback_pressure_at", a.fallback_pressure_at),
         ("idle_pressure_below", a.idle_pressure_below),
     ] {
         if let Some(p) = at.filter(|p| !(p.is_finite() && (0.0..=100.0).contains(p))) {

@@ -103,6 +103,21 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
     if u < shares.fallback && fallback_usable {
         return to_fallback(Reason::FallbackHeadroom, cap);
     }
+    // A filling cache is held for whole answers by what it admits now, so while the fallback
+    // is other capacity with room, what may go there goes, and the pool keeps its room for
+    // the tiers above (measured: Guaranteed's first tokens wait less behind a full cache).
+    let filling = |p: Option<usize>| {
+        let signals = [&state.signals, &state.spot_signals];
+        let pressure = p.and_then(|i| signals.get(i)).and_then(|s| s.pressure);
+        pressure.zip(rules.adaptive.fallback_pressure_at)
+    };
+    let fallback_pool = req.fallback_pool.and_then(Pool::signal_index);
+    if may_move
+        && filling(pool.signal_index()).is_some_and(|(p, at)| p >= at)
+        && filling(fallback_pool).is_some_and(|(p, at)| p < at)
+    {
+        return to_fallback(Reason::FallbackCacheFilling, cap);
+    }
     // The work gate: while the level is up, what it lets through must still fit the tier's
     // share of the pool's work limit (the predicted ceiling, and the learned limit where
     // `work_gate` is on). At level 0 nothing is gated: idle means open.
@@ -155,6 +170,7 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
 #[cfg(test)]
 mod tests {
     use super::super::adaptive::Outcome;
+    use super::super::tuning::AdaptiveTuning;
     use super::super::{PolicyEngine, PoolSignals, Tier};
     use super::*;
 
@@ -323,6 +339,66 @@ mod tests {
             .collect();
         assert_eq!(n(&v, &shed) + n(&v, &browned), 1000);
         assert!(n(&v, &shed).abs_diff(500) < 60, "{}", n(&v, &shed));
+    }
+
+    /// At level 0, with on-demand's cache past `fallback_pressure_at` (70 shipped) and spot
+    /// below it, Standard goes to the fallback whole (no cap: the level asks for none);
+    /// Guaranteed and Best-Effort (no fallback) are untouched, and nothing moves once spot is
+    /// as full, on-demand is below the mark, spot's fill is unknown, or the fallback is down.
+    #[test]
+    fn a_filling_cache_moves_what_may_fall_back_while_the_fallback_has_room() {
+        use super::super::adaptive::ladder;
+        let rules = PolicyRules::default();
+        let at = |od: Option<f64>, spot: Option<f64>| {
+            let mut s = PolicyState::initial();
+            s.pools[0] = PoolControl::idle(ladder(&rules, Pool::OnDemand));
+            s.signals.pressure = od;
+            s.spot_signals.pressure = spot;
+            s
+        };
+        let one = |s: &PolicyState, f: RequestFacts| {
+            let d = decide(s, &rules, &f);
+            (d.action, d.reason, d.pool)
+        };
+        let moved = (
+            Action::Fallback { max_tokens: None },
+            Reason::FallbackCacheFilling,
+            Pool::Fallback,
+        );
+        let passed = |pool| (Action::Pass, Reason::AdmittedWithinHeadroom, pool);
+        let filling = at(Some(70.0), Some(40.0));
+        for ticket in 0..100 {
+            assert_eq!(one(&filling, facts(Tier::Standard, ticket)), moved);
+        }
+        assert_eq!(
+            one(&filling, facts(Tier::Guaranteed, 1)),
+            passed(Pool::OnDemand)
+        );
+        assert_eq!(
+            one(&filling, facts(Tier::BestEffort, 1)),
+            passed(Pool::Spot)
+        );
+        let down = RequestFacts {
+            fallback_available: false,
+            ..facts(Tier::Standard, 1)
+        };
+        assert_eq!(one(&filling, down), passed(Pool::OnDemand));
+        for s in [
+            at(Some(69.0), Some(40.0)),
+            at(Some(95.0), Some(70.0)),
+            at(Some(95.0), None),
+        ] {
+            assert_eq!(one(&s, facts(Tier::Standard, 1)), passed(Pool::OnDemand));
+        }
+        let off = PolicyRules {
+            adaptive: AdaptiveTuning {
+                fallback_pressure_at: None,
+                ..AdaptiveTuning::default()
+            },
+            ..PolicyRules::default()
+        };
+        let d = decide(&filling, &off, &facts(Tier::Standard, 1));
+        assert_eq!(d.reason, Reason::AdmittedWithinHeadroom);
     }
 
     #[test]

@@ -74,6 +74,7 @@ reasons! {
     ModelsListed => "models_listed": "GET /v1/models answered by Sluice: the models every pool serves.",
     ClientGone => "client_gone": "The client went away while its request waited in the queue: it leaves the queue and is never sent.",
     RejectSloUnattainable => "reject_slo_unattainable": "Adaptive mode: the pool's queue delay and prefill already put this request's first token past its TTFT target (its tier's, or a tighter one it asked for): refused before it costs GPU time. Never Guaranteed.",
+    FallbackCacheFilling => "fallback_cache_filling": "Adaptive mode: the pool's KV-cache usage is at fallback_pressure_at and the fallback runs on other capacity below it: moved to the fallback model, so the pool keeps room for the tiers above.",
 }
 
 impl Reason {

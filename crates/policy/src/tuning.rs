@@ -60,6 +60,12 @@ pub struct AdaptiveTuning {
     /// nearly full cache makes the latencies the controller waits for late, and shaping costs
     /// tokens, never a refusal.
     pub shape_pressure_at: Option<f64>,
+    /// At or above this KV usage a tier that may fall back is moved to the fallback whenever
+    /// the fallback runs on other capacity that is below it and not short itself: the cache
+    /// fills in seconds and what is admitted then holds it for its whole answer, so the next
+    /// Guaranteed burst would wait for it; the level still acts on the latencies as before.
+    /// `None`: off.
+    pub fallback_pressure_at: Option<f64>,
     /// Gate lower tiers on the work in flight per pool ([`super::work_gate`]).
     pub work_gate: bool,
     /// Shares of a pool's learned work limit Standard and Best-Effort may fill.
@@ -98,6 +104,7 @@ impl Default for AdaptiveTuning {
             rail_pressure_at: Some(100.0),
             rail_queue_depth_at: Some(128.0),
             shape_pressure_at: Some(90.0),
+            fallback_pressure_at: Some(70.0),
             work_gate: false,
             work_share_standard: 0.9,
             work_share_best_effort: 0.7,
