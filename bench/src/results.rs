@@ -145,7 +145,7 @@ pub async fn run_scenarios(
                 "Seed sensitivity (model, seeds {}–{}; {what}):\n\n{fence}\n{}{fence}\n",
                 s.seed,
                 s.seed + SPREAD_SEEDS - 1,
-                seed_spread(&s, modes, SPREAD_SEEDS, scen.sla_signal)?
+                seed_spread(&s, modes, SPREAD_SEEDS, scen.sla_signal, None)?
             );
         }
         let _ = writeln!(md, "Load after this scenario's runs: {}", uptime());
@@ -255,7 +255,16 @@ pub fn calibrate(scen: &ScenarioArgs, modes: &[Mode], seeds: u64) -> Result<(), 
             base.sla_ms.standard,
             base.sla_ms.best_effort
         );
-        print!("{}", seed_spread(&base, modes, seeds, scen.sla_signal)?);
+        print!(
+            "{}",
+            seed_spread(
+                &base,
+                modes,
+                seeds,
+                scen.sla_signal,
+                scen.dump_runs.as_deref()
+            )?
+        );
     }
     if !summary.is_empty() {
         println!("#### Summary: means over {seeds} seeds\n");
@@ -490,8 +499,9 @@ fn seed_spread(
     modes: &[Mode],
     seeds: u64,
     sla: SlaSignal,
+    dump: Option<&Path>,
 ) -> Result<String, String> {
-    let spread = spread_of(base, modes, seeds, sla, None)?;
+    let spread = spread_of(base, modes, seeds, sla, dump)?;
     if base.slo_ms.is_some() {
         return Ok(slo_spread_table(&spread));
     }
