@@ -78,6 +78,10 @@ async fn best_effort_is_judged_on_spot_and_kv_pressure_is_only_a_rail() {
         !s.metrics().await.contains("sluice_tier_threshold{"),
         "thresholds are not exported as if in force"
     );
+    assert_eq!(
+        st["admission_control"]["pools"]["on-demand"]["filling"],
+        false
+    );
 
     // On-demand nearly full: Standard gets its deepest cap at once, before any latency is
     // late, and goes to the fallback on spot (past `fallback_pressure_at`, spot's cache idle);
@@ -88,6 +92,13 @@ async fn best_effort_is_judged_on_spot_and_kv_pressure_is_only_a_rail() {
         (st["admission_control"]["pools"]["on-demand"]["shaping"] == true).then_some(())
     })
     .await;
+    // /status says why Standard moves: on-demand is filling, spot (its fallback's pool) is not.
+    let pools = &s.status().await["admission_control"]["pools"];
+    assert_eq!(
+        (&pools["on-demand"]["filling"], &pools["spot"]["filling"]),
+        (&json!(true), &json!(false)),
+        "{pools}"
+    );
     let r = s
         .chat("coding-assistant", chat_body("llama-3-70b", Some(500)))
         .await;

@@ -296,6 +296,9 @@ pub struct PoolControl {
     pub rail: Option<RailKind>,
     /// KV usage is at `shape_pressure_at`: the shaping steps are held in force.
     pub shaping: bool,
+    /// KV usage is at `fallback_pressure_at`: what may fall back leaves this pool for a fallback
+    /// whose pool is not (`None`: the usage is unknown or the mark is off, and nothing moves).
+    pub filling: Option<bool>,
     pub moved: Movement,
     /// Some served tier is short of headroom: this pool should not take fallback traffic.
     pub saturated: bool,
@@ -328,6 +331,7 @@ impl PoolControl {
             delay_ms: None,
             rail: None,
             shaping: false,
+            filling: None,
             moved: Movement::Hold,
             saturated: false,
             work_limit: None,
@@ -1032,6 +1036,10 @@ impl PoolController {
             delay_ms,
             rail,
             shaping: full && rail.is_none(),
+            filling: signals
+                .pressure
+                .zip(tuning.fallback_pressure_at)
+                .map(|(p, at)| p >= at),
             moved,
             saturated,
             work_limit,
@@ -1866,6 +1874,29 @@ mod tests {
         let ctl =
             PoolController::new().observe(Pool::OnDemand, &rules, &off, &full, &quick(1000), 1000);
         assert_eq!(ctl.level, 0.0, "turned off, KV alone moves nothing");
+    }
+
+    /// A pool is filling from `fallback_pressure_at` (70 shipped) on, whatever its level and
+    /// traffic; with its KV usage unknown, or the mark off, it is neither (and nothing moves).
+    #[test]
+    fn a_pool_is_filling_from_the_fallback_mark() {
+        let rules = PolicyRules::default();
+        let t = tuning();
+        let filling = |t: &AdaptiveTuning, signals: &PoolSignals| {
+            PoolController::new()
+                .observe(Pool::OnDemand, &rules, t, signals, &[], 1000)
+                .filling
+        };
+        assert_eq!(t.fallback_pressure_at, Some(70.0));
+        assert_eq!(filling(&t, &kv(69.9)), Some(false));
+        assert_eq!(filling(&t, &kv(70.0)), Some(true));
+        assert_eq!(filling(&t, &kv(100.0)), Some(true));
+        assert_eq!(filling(&t, &PoolSignals::default()), None);
+        let off = AdaptiveTuning {
+            fallback_pressure_at: None,
+            ..t
+        };
+        assert_eq!(filling(&off, &kv(95.0)), None);
     }
 
     /// The report: KV steady at 92 % and Standard arriving only now and then. The floor

@@ -106,13 +106,7 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
     // A filling cache is held for whole answers by what it admits now, so while the fallback
     // is other capacity with room, what may go there goes, and the pool keeps room for the
     // tiers above (measured: Guaranteed's first tokens wait less behind a full cache).
-    let filling = |i: Option<usize>| {
-        let signals = [&state.signals, &state.spot_signals];
-        let pressure = i.and_then(|i| signals.get(i)).and_then(|s| s.pressure);
-        pressure
-            .zip(rules.adaptive.fallback_pressure_at)
-            .map(|(p, at)| p >= at)
-    };
+    let filling = |i: Option<usize>| i.and_then(|i| state.pools.get(i)).and_then(|c| c.filling);
     let fallback_pool = req.fallback_pool.and_then(Pool::signal_index);
     if may_move
         && filling(pool.signal_index()) == Some(true)
@@ -343,19 +337,19 @@ mod tests {
         assert!(n(&v, &shed).abs_diff(500) < 60, "{}", n(&v, &shed));
     }
 
-    /// At level 0, with on-demand's cache past `fallback_pressure_at` (70 shipped) and spot
-    /// below it, Standard goes to the fallback whole (no cap: the level asks for none);
+    /// At level 0, with on-demand's cache past `fallback_pressure_at` (the sample's `filling`)
+    /// and spot's not, Standard goes to the fallback whole (no cap: the level asks for none);
     /// Guaranteed and Best-Effort (no fallback) are untouched, and nothing moves once spot is
-    /// as full, on-demand is below the mark, spot's fill is unknown, or the fallback is down.
+    /// filling too, on-demand is not, either's fill is unknown, or the fallback is down.
     #[test]
     fn a_filling_cache_moves_what_may_fall_back_while_the_fallback_has_room() {
         use super::super::adaptive::ladder;
         let rules = PolicyRules::default();
-        let at = |od: Option<f64>, spot: Option<f64>| {
+        let at = |od: Option<bool>, spot: Option<bool>| {
             let mut s = PolicyState::initial();
             s.pools[0] = PoolControl::idle(ladder(&rules, Pool::OnDemand));
-            s.signals.pressure = od;
-            s.spot_signals.pressure = spot;
+            s.pools[0].filling = od;
+            s.pools[1].filling = spot;
             s
         };
         let one = |s: &PolicyState, f: RequestFacts| {
@@ -373,7 +367,7 @@ mod tests {
                 .filter(|t| one(s, facts(Tier::Standard, *t)) == moved)
                 .count()
         };
-        let filling = at(Some(70.0), Some(40.0));
+        let filling = at(Some(true), Some(false));
         assert_eq!(n_moved(&filling), 1000);
         assert_eq!(
             one(&filling, facts(Tier::Guaranteed, 1)),
@@ -389,21 +383,13 @@ mod tests {
         };
         assert_eq!(one(&filling, down), passed(Pool::OnDemand));
         for s in [
-            at(Some(69.0), Some(40.0)),
-            at(Some(95.0), Some(70.0)),
-            at(Some(95.0), None),
+            at(Some(false), Some(false)),
+            at(Some(true), Some(true)),
+            at(Some(true), None),
+            at(None, Some(false)),
         ] {
             assert_eq!(n_moved(&s), 0);
         }
-        let off = PolicyRules {
-            adaptive: AdaptiveTuning {
-                fallback_pressure_at: None,
-                ..AdaptiveTuning::default()
-            },
-            ..PolicyRules::default()
-        };
-        let d = decide(&filling, &off, &facts(Tier::Standard, 1));
-        assert_eq!(d.reason, Reason::AdmittedWithinHeadroom);
     }
 
     #[test]

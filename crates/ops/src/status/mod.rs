@@ -214,6 +214,7 @@ fn admission_control(app: &OpsState, snap: &Snapshot, rules: &PolicyRules) -> Ad
                 moved: Moved::from(c.moved),
                 saturated: c.saturated,
                 shaping: c.shaping,
+                filling: c.filling,
                 idle: c.idle,
                 work_limit_tokens: c.work_limit,
                 inflight_work_tokens: c.inflight_work,

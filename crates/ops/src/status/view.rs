@@ -162,6 +162,8 @@ pub struct PoolAdmission {
     pub moved: Moved,
     pub saturated: bool,
     pub shaping: bool,
+    /// KV usage at `fallback_pressure_at`: what may fall back is moving off this pool.
+    pub filling: Option<bool>,
     pub idle: bool,
     pub work_limit_tokens: Option<f64>,
     pub inflight_work_tokens: Option<f64>,
