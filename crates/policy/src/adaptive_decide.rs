@@ -166,7 +166,6 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
 #[cfg(test)]
 mod tests {
     use super::super::adaptive::Outcome;
-    use super::super::tuning::AdaptiveTuning;
     use super::super::{PolicyEngine, PoolSignals, Tier};
     use super::*;
 
