@@ -49,6 +49,8 @@ struct Job {
     lent: Option<Lent>,
     /// When it joined the engine's waiting queue.
     queued_at: f64,
+    /// vLLM's `priority` (lower first).
+    priority: i64,
     /// The pool whose admission controller hears of its end (Sluice runs).
     signal_pool: usize,
 }
@@ -103,11 +105,11 @@ impl Engine {
 
     /// Strict FIFO, as vLLM's scheduler and the simulator: a big head blocks smaller followers.
     fn admit(&mut self, now: f64) {
-        while let Some(head) = self.waiting.front() {
-            if !self.fits(head.need) {
+        while let Some(at) = self.head() {
+            if !self.fits(self.waiting[at].need) {
                 break;
             }
-            let Some(mut job) = self.waiting.pop_front() else {
+            let Some(mut job) = self.waiting.remove(at) else {
                 break;
             };
             self.kv_used += job.need;
@@ -121,6 +123,18 @@ impl Engine {
             job.decode_left = job.tokens.saturating_sub(1) as f64;
             self.running.push(job);
         }
+    }
+
+    /// The waiting request vLLM's scheduler takes next: the lowest `priority`, then the earliest
+    /// arrival, as `--scheduling-policy priority` orders it (FIFO while every priority is 0).
+    fn head(&self) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (i, j) in self.waiting.iter().enumerate() {
+            if best.is_none_or(|b| j.priority < self.waiting[b].priority) {
+                best = Some(i);
+            }
+        }
+        best
     }
 
     fn step(&mut self, now: f64, dt: f64, out: &mut Vec<Step>) {
@@ -175,6 +189,8 @@ struct Target {
     fallback: bool,
     /// The pool whose controller judges it (as `Pool::signal_index`).
     signal_pool: usize,
+    /// vLLM's `priority` (lower first): the tier's, on a pool with `vllm_priority`.
+    priority: i64,
 }
 
 const ON_DEMAND: usize = 0;
@@ -236,6 +252,8 @@ struct Proxy {
     fail_needed: usize,
     ok_needed: usize,
     sla_window_ms: Option<f64>,
+    /// By engine: its pool runs vLLM's priority policy (`vllm_priority`).
+    vllm_priority: [bool; 2],
 }
 
 impl Proxy {
@@ -285,7 +303,9 @@ pub fn run(input: ModelInput<'_>) -> Run {
             .map(|p| p.config.health_check.clone())
             .unwrap_or_default();
         let hc = &hc;
+        let prio = |name: &str| cfg.pools.get(name).is_some_and(|p| p.config.vllm_priority);
         Proxy {
+            vllm_priority: [prio("on-demand"), prio("spot")],
             policy: PolicyEngine::new(rules.clone()),
             rules,
             state: PolicyState::initial(),
@@ -510,6 +530,7 @@ pub fn run(input: ModelInput<'_>) -> Run {
                         tokens: a.max_tokens,
                         fallback: false,
                         signal_pool: usize::from(spot),
+                        priority: 0,
                     };
                     if !dispatch(&mut engines, pos, a, t, (None, None), rec, now) {
                         open -= 1;
@@ -684,15 +705,22 @@ fn arrive(
         Some(cap) => a.max_tokens.min(u64::from(cap)),
         None => a.max_tokens,
     };
+    let engine = if d.pool == Pool::OnDemand || p.shared {
+        ON_DEMAND
+    } else {
+        SPOT
+    };
     let target = Target {
-        engine: if d.pool == Pool::OnDemand || p.shared {
-            ON_DEMAND
-        } else {
-            SPOT
-        },
+        engine,
         tokens,
         fallback: d.pool == Pool::Fallback,
         signal_pool,
+        // As the proxy writes it (`crates/proxy/src/admit.rs`): the tier, where the pool asks.
+        priority: if p.vllm_priority[engine] {
+            a.tier.index() as i64
+        } else {
+            0
+        },
     };
     rec.pool = d.pool.as_str().into();
     let tier = a.tier;
@@ -819,6 +847,7 @@ fn dispatch(
         lent,
         queued_at: now,
         signal_pool: t.signal_pool,
+        priority: t.priority,
     });
     e.admit(now);
     true
@@ -909,6 +938,51 @@ mod tests {
             &pass(Tier::Standard),
             Tier::Standard
         ));
+    }
+
+    #[test]
+    fn a_priority_backend_takes_the_lowest_priority_first_then_the_earliest() {
+        // Room for one request at a time: the order they run in is the order they are taken.
+        let p = SimParams {
+            kv_tokens: 100,
+            ..Scenario::built_in("tiny").unwrap().backends.on_demand
+        };
+        let job = |rec, priority| Job {
+            rec,
+            need: 100,
+            live: 100,
+            work: 100,
+            prompt: 10,
+            tokens: 1,
+            prefill_left: 0.0,
+            decode_left: 0.0,
+            first_token: false,
+            slot: None,
+            lent: None,
+            queued_at: rec as f64,
+            signal_pool: ON_DEMAND,
+            priority,
+        };
+        let order = |priorities: &[i64]| {
+            let mut e = Engine::new(p);
+            for (rec, &pr) in priorities.iter().enumerate() {
+                e.waiting.push_back(job(rec, pr));
+            }
+            let (mut now, mut ran) = (0.0, Vec::new());
+            e.admit(now);
+            while !e.running.is_empty() {
+                ran.push(e.running[0].rec);
+                let mut out = Vec::new();
+                while !e.running.is_empty() && e.running[0].rec == ran[ran.len() - 1] {
+                    e.step(now, DT_MS, &mut out);
+                    now += DT_MS;
+                }
+            }
+            assert!(e.waiting.is_empty());
+            ran
+        };
+        assert_eq!(order(&[0, 0, 0, 0]), [0, 1, 2, 3]);
+        assert_eq!(order(&[2, 1, 2, 0, 1]), [3, 1, 4, 0, 2]);
     }
 
     #[test]
