@@ -329,9 +329,11 @@ const SHAPE_FLOOR_KV: f64 = 90.0;
 
 /// The reasons for which the adaptive controller itself refuses or caps a request (its
 /// TTFT refusal included: it reads the controller's queue delay and learned prefill).
-const CONTROLLER_REASONS: [&str; 10] = [
+const CONTROLLER_REASONS: [&str; 12] = [
     "degrade_slo_headroom",
     "fallback_cache_filling",
+    "fallback_pool_reserved",
+    "reject_pool_reserved",
     "degrade_brownout",
     "degrade_cache_nearly_full",
     "fallback_slo_headroom",

@@ -7,7 +7,7 @@ use crate::adaptive::{draw, PoolControl, RailKind, Shares};
 use crate::reason::Reason;
 use crate::state::{Decision, PolicyState};
 use crate::tenant_policy::PolicyRules;
-use crate::types::{Action, Pool, PressureState, RequestFacts, TierState};
+use crate::types::{Action, Pool, PressureState, RequestFacts, Tier, TierState};
 use crate::work_gate;
 
 /// The state a tier shows in `/status`, gauges and decisions: Critical while part of it is
@@ -114,10 +114,35 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
     {
         return to_fallback(Reason::FallbackCacheFilling, cap);
     }
+    // Opt-in: Guaranteed's pool lends room only while it idles. Its misses come in spikes that
+    // its headroom gives no warning of, and what a lower tier starts there holds the pool for
+    // its whole answer. Unknown KV usage fails open, as everywhere.
+    let t = &rules.adaptive;
+    if t.reserve_guaranteed_pool
+        && req.tier != Tier::Guaranteed
+        && tier.fallback_eligible
+        && pool == rules.tier(Tier::Guaranteed).preferred_pool
+        && req.fallback_available
+        && rules.fallback_relieves(pool)
+        && ctl.filling.is_some()
+        && !ctl.idle
+    {
+        let calm = fallback_pool
+            .and_then(|i| state.pools.get(i))
+            .is_some_and(|c| c.level == 0.0 && c.filling == Some(false));
+        if may_move && calm {
+            return to_fallback(Reason::FallbackPoolReserved, cap);
+        }
+        return decision(
+            Action::Reject,
+            Reason::RejectPoolReserved,
+            pool,
+            route_reason,
+        );
+    }
     // The work gate: while the level is up, what it lets through must still fit the tier's
     // share of the pool's work limit (the predicted ceiling, and the learned limit where
     // `work_gate` is on). At level 0 nothing is gated: idle means open.
-    let t = &rules.adaptive;
     let gate = work_gate::share(req.tier, t.work_share_standard, t.work_share_best_effort)
         .filter(|_| ctl.level > 0.0);
     let inflight = if rules.spot_is_on_demand {
@@ -165,6 +190,7 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
 
 #[cfg(test)]
 mod tests {
+    use super::super::adaptive::AdaptiveTuning;
     use super::super::adaptive::Outcome;
     use super::super::{PolicyEngine, PoolSignals, Tier};
     use super::*;
@@ -389,6 +415,80 @@ mod tests {
         ] {
             assert_eq!(n_moved(&s), 0);
         }
+    }
+
+    /// `reserve_guaranteed_pool`: Standard stays on Guaranteed's pool only while it idles;
+    /// otherwise it moves to a calm fallback or is refused. Guaranteed and Best-Effort are
+    /// untouched, and with the knob off, the fallback down or the cache unknown nothing changes.
+    #[test]
+    fn a_reserved_pool_lends_room_only_while_it_idles() {
+        use super::super::adaptive::ladder;
+        let on = PolicyRules {
+            adaptive: AdaptiveTuning {
+                reserve_guaranteed_pool: true,
+                ..AdaptiveTuning::default()
+            },
+            ..PolicyRules::default()
+        };
+        // On-demand busy or idle; spot's level and fill.
+        let at = |idle: bool, spot_level: f64, spot_filling: Option<bool>| {
+            let mut s = PolicyState::initial();
+            s.pools[0] = PoolControl::idle(ladder(&on, Pool::OnDemand));
+            s.pools[0].filling = Some(false);
+            s.pools[0].idle = idle;
+            s.pools[1].level = spot_level;
+            s.pools[1].filling = spot_filling;
+            s
+        };
+        let one = |r: &PolicyRules, s: &PolicyState, f: RequestFacts| {
+            let d = decide(s, r, &f);
+            (d.action, d.reason, d.pool)
+        };
+        let moved = (
+            Action::Fallback { max_tokens: None },
+            Reason::FallbackPoolReserved,
+            Pool::Fallback,
+        );
+        let refused = (Action::Reject, Reason::RejectPoolReserved, Pool::OnDemand);
+        let passed = |pool| (Action::Pass, Reason::AdmittedWithinHeadroom, pool);
+        let busy = at(false, 0.0, Some(false));
+        for t in 0..200 {
+            assert_eq!(one(&on, &busy, facts(Tier::Standard, t)), moved);
+        }
+        for spot_busy in [
+            at(false, 0.25, Some(false)),
+            at(false, 0.0, Some(true)),
+            at(false, 0.0, None),
+        ] {
+            assert_eq!(one(&on, &spot_busy, facts(Tier::Standard, 1)), refused);
+        }
+        assert_eq!(
+            one(&on, &at(true, 3.0, Some(true)), facts(Tier::Standard, 1)),
+            passed(Pool::OnDemand)
+        );
+        assert_eq!(
+            one(&on, &busy, facts(Tier::Guaranteed, 1)),
+            passed(Pool::OnDemand)
+        );
+        assert_eq!(
+            one(&on, &busy, facts(Tier::BestEffort, 1)),
+            passed(Pool::Spot)
+        );
+        let down = RequestFacts {
+            fallback_available: false,
+            ..facts(Tier::Standard, 1)
+        };
+        assert_eq!(one(&on, &busy, down), passed(Pool::OnDemand));
+        let mut unknown = busy.clone();
+        unknown.pools[0].filling = None;
+        assert_eq!(
+            one(&on, &unknown, facts(Tier::Standard, 1)),
+            passed(Pool::OnDemand)
+        );
+        assert_eq!(
+            one(&PolicyRules::default(), &busy, facts(Tier::Standard, 1)),
+            passed(Pool::OnDemand)
+        );
     }
 
     #[test]

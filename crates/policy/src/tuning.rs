@@ -66,6 +66,13 @@ pub struct AdaptiveTuning {
     /// Guaranteed burst would wait for it; the level still acts on the latencies as before.
     /// `None`: off.
     pub fallback_pressure_at: Option<f64>,
+    /// Guaranteed's pool serves a tier that may fall back only while it is idle; otherwise that
+    /// tier goes to the fallback while the fallback's pool is calm (level 0, below
+    /// `fallback_pressure_at`), else it is refused. Guaranteed's misses come in spikes its
+    /// headroom gives no warning of, and what a lower tier started on the pool holds it for its
+    /// whole answer; keeping the pool for Guaranteed costs the lower tier refusals and goodput
+    /// at loose targets (bench/results/frontier.md). Off by default.
+    pub reserve_guaranteed_pool: bool,
     /// Gate lower tiers on the work in flight per pool ([`super::work_gate`]).
     pub work_gate: bool,
     /// Shares of a pool's learned work limit Standard and Best-Effort may fill.
@@ -105,6 +112,7 @@ impl Default for AdaptiveTuning {
             rail_queue_depth_at: Some(128.0),
             shape_pressure_at: Some(90.0),
             fallback_pressure_at: Some(70.0),
+            reserve_guaranteed_pool: false,
             work_gate: false,
             work_share_standard: 0.9,
             work_share_best_effort: 0.7,

@@ -411,6 +411,7 @@ pub fn fingerprint(rules: &PolicyRules, tier: Tier) -> RulesFingerprint {
         .opt(a.rail_queue_depth_at)
         .opt(a.shape_pressure_at)
         .opt(a.fallback_pressure_at)
+        .word(u64::from(a.reserve_guaranteed_pool))
         .word(u64::from(a.work_gate))
         .f(a.work_share_standard)
         .f(a.work_share_best_effort)
