@@ -388,6 +388,14 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
             return err(&key(name), format!("{p} is outside 0..=100"));
         }
     }
+    if a.reserve_guaranteed_pool && a.fallback_pressure_at.is_none() {
+        return err(
+            &key("reserve_guaranteed_pool"),
+            "needs fallback_pressure_at: it moves a request only to a fallback whose cache is \
+             below that mark"
+                .into(),
+        );
+    }
     if let Some(q) = a.rail_queue_depth_at {
         if !(q.is_finite() && q >= 0.0) {
             return err(&key("rail_queue_depth_at"), format!("{q} must be >= 0"));
@@ -967,5 +975,17 @@ mod tests {
         // Ejection off needs no timing.
         let off = "pools: {on-demand: {backends: ['127.0.0.1:1'], ejection: {consecutive_failures: 0, base_ejection_ms: 0}}}";
         assert!(load(off).is_ok());
+    }
+
+    #[test]
+    fn a_reserved_guaranteed_pool_needs_the_fill_mark() {
+        let on = "policy: {adaptive: {reserve_guaranteed_pool: true}}";
+        assert!(load(on).unwrap().policy.adaptive.reserve_guaranteed_pool);
+        let e =
+            load("policy: {adaptive: {reserve_guaranteed_pool: true, fallback_pressure_at: null}}")
+                .expect_err("no fill mark");
+        assert_eq!(e.key, "policy.adaptive.reserve_guaranteed_pool", "{e}");
+        assert!(e.to_string().contains("fallback_pressure_at"), "{e}");
+        assert!(load("policy: {adaptive: {fallback_pressure_at: null}}").is_ok());
     }
 }
