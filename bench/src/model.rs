@@ -128,13 +128,8 @@ impl Engine {
     /// The waiting request vLLM's scheduler takes next: the lowest `priority`, then the earliest
     /// arrival, as `--scheduling-policy priority` orders it (FIFO while every priority is 0).
     fn head(&self) -> Option<usize> {
-        let mut best: Option<usize> = None;
-        for (i, j) in self.waiting.iter().enumerate() {
-            if best.is_none_or(|b| j.priority < self.waiting[b].priority) {
-                best = Some(i);
-            }
-        }
-        best
+        // `min_by_key` keeps the first of equal keys: the earliest arrival.
+        (0..self.waiting.len()).min_by_key(|&i| self.waiting[i].priority)
     }
 
     fn step(&mut self, now: f64, dt: f64, out: &mut Vec<Step>) {

@@ -127,9 +127,10 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
         && ctl.filling.is_some()
         && !ctl.idle
     {
-        let calm = fallback_pool
-            .and_then(|i| state.pools.get(i))
-            .is_some_and(|c| c.level == 0.0 && c.filling == Some(false));
+        let calm = filling(fallback_pool) == Some(false)
+            && fallback_pool
+                .and_then(|i| state.pools.get(i))
+                .is_some_and(|c| c.level == 0.0);
         if may_move && calm {
             return to_fallback(Reason::FallbackPoolReserved, cap);
         }
