@@ -388,12 +388,21 @@ fn adaptive(c: &Config) -> Result<(), ConfigError> {
             return err(&key(name), format!("{p} is outside 0..=100"));
         }
     }
-    if a.reserve_guaranteed_pool && a.fallback_pressure_at.is_none() {
+    if a.reserve_guaranteed_pool == Some(true) && a.fallback_pressure_at.is_none() {
         return err(
             &key("reserve_guaranteed_pool"),
             "needs fallback_pressure_at: it moves a request only to a fallback whose cache is \
              below that mark"
                 .into(),
+        );
+    }
+    if let Some(x) = a
+        .reserve_ttft_below_x
+        .filter(|x| !(x.is_finite() && *x > 1.0))
+    {
+        return err(
+            &key("reserve_ttft_below_x"),
+            format!("{x} must be above 1: a target under its unloaded value is never met"),
         );
     }
     if let Some(q) = a.rail_queue_depth_at {
@@ -979,13 +988,23 @@ mod tests {
 
     #[test]
     fn a_reserved_guaranteed_pool_needs_the_fill_mark() {
-        let on = "policy: {adaptive: {reserve_guaranteed_pool: true}}";
-        assert!(load(on).unwrap().policy.adaptive.reserve_guaranteed_pool);
+        let shipped = load("{}").unwrap().policy.adaptive;
+        assert!(shipped.reserves_guaranteed_pool());
+        let off = "policy: {adaptive: {reserve_guaranteed_pool: false}}";
+        assert!(!load(off)
+            .unwrap()
+            .policy
+            .adaptive
+            .reserves_guaranteed_pool());
         let e =
             load("policy: {adaptive: {reserve_guaranteed_pool: true, fallback_pressure_at: null}}")
                 .expect_err("no fill mark");
         assert_eq!(e.key, "policy.adaptive.reserve_guaranteed_pool", "{e}");
         assert!(e.to_string().contains("fallback_pressure_at"), "{e}");
-        assert!(load("policy: {adaptive: {fallback_pressure_at: null}}").is_ok());
+        // Unset, it follows the fill mark rather than failing a config that turns the mark off.
+        let no_mark = load("policy: {adaptive: {fallback_pressure_at: null}}").unwrap();
+        assert!(!no_mark.policy.adaptive.reserves_guaranteed_pool());
+        let e = load("policy: {adaptive: {reserve_ttft_below_x: 0.5}}").expect_err("below 1");
+        assert_eq!(e.key, "policy.adaptive.reserve_ttft_below_x", "{e}");
     }
 }

@@ -318,6 +318,10 @@ pub struct PoolControl {
     /// Nothing has queued in vLLM and its cache has stayed below `idle_pressure_below` for
     /// `idle_release_ms`: the level is 0 and stays there while this holds.
     pub idle: bool,
+    /// At this sample vLLM queues, the cache is at or above `idle_pressure_below` or the
+    /// batch's pace eats a tier's TPOT budget: the instant reading behind `idle`, without its
+    /// `idle_release_ms` of hold (`reserve_guaranteed_pool` lends the pool as soon as it clears).
+    pub busy: bool,
 }
 
 impl PoolControl {
@@ -340,6 +344,7 @@ impl PoolControl {
             unattainable: [false; 3],
             dims: [[DimReading::default(); 3]; 3],
             idle: false,
+            busy: true,
         }
     }
 
@@ -440,6 +445,9 @@ pub struct PoolController {
     /// Per tier and dimension: its unloaded value on this pool in ms, a slowly moving minimum
     /// of its quantile ([`Baseline`]).
     baseline: [[Baseline; 3]; 3],
+    /// Per tier, TTFT and TPOT: the last of its requests that ran start to end on an empty
+    /// queue, whatever the window ([`Clean`]).
+    clean: [[Clean; 3]; 3],
     last_sample: Option<Millis>,
     /// vLLM's queue delay at the previous sample, for its growth.
     last_delay: Option<f64>,
@@ -474,6 +482,40 @@ impl Baseline {
             }
             _ => o,
         });
+    }
+}
+
+/// The last [`CLEAN_KEPT`] values of one tier's dimension (ms) from requests that ran start to
+/// end on an empty queue: the evidence a [`Baseline`] learns from when the window holds too few.
+#[derive(Debug, Clone, Default)]
+struct Clean {
+    values: VecDeque<f64>,
+    /// Some arrived since the baseline last took them.
+    fresh: bool,
+}
+
+const CLEAN_KEPT: usize = 16;
+
+impl Clean {
+    fn push(&mut self, ms: f64) {
+        if self.values.len() == CLEAN_KEPT {
+            self.values.pop_front();
+        }
+        self.values.push_back(ms);
+        self.fresh = true;
+    }
+
+    /// Their quantile, once for each batch of new ones (a baseline rises by each reading, so
+    /// the same values read every sample would lift it as if seen again).
+    fn take_quantile(&mut self, level: f64) -> Option<f64> {
+        if !std::mem::take(&mut self.fresh) {
+            return None;
+        }
+        quantile_of(
+            self.values.iter().copied().collect(),
+            level,
+            BASELINE_MIN_SAMPLES,
+        )
     }
 }
 
@@ -521,6 +563,7 @@ impl PoolController {
             pace_fit: PaceFit::default(),
             drained_since: None,
             idle_since: None,
+            clean: Default::default(),
             baseline: Default::default(),
             last_sample: None,
             last_delay: None,
@@ -609,6 +652,26 @@ impl PoolController {
             self.drained_since = Some(now);
         }
         let drained = self.drained_since;
+        // Requests that ran start to end on an empty queue are the evidence of a tier's
+        // unloaded TTFT and TPOT. A window holds few of them at a GPU's pace (answers of
+        // seconds) or a tier's low rate, so they are kept past it (measured: Guaranteed's
+        // unloaded TTFT was unknown for most of seed's run at 20 ms a decode step).
+        if let Some(since) = drained {
+            for o in outcomes.iter().filter(|o| !o.pending) {
+                let started = o.at.saturating_sub(o.latency_ms.unwrap_or(0.0) as Millis);
+                if started < since {
+                    continue;
+                }
+                let slo = &rules.tier(o.tier).slo;
+                let ratios = o.ratios(slo);
+                for dim in [Dim::Ttft, Dim::Tpot] {
+                    let (Some(r), Some(target)) = (ratios[dim.index()], slo.get(dim)) else {
+                        continue;
+                    };
+                    self.clean[o.tier.index()][dim.index()].push(r * target as f64);
+                }
+            }
+        }
         // Readings per tier and dimension, as shares of its target. Rising looks only at
         // requests that started after the last rise (older ones describe a load already shed);
         // relaxing looks at the whole window, because just after a rise only the quick requests
@@ -677,10 +740,17 @@ impl PoolController {
                     ),
                     _ => (true, tuning.baseline_half_life_ms),
                 };
+                let kept = if learning {
+                    self.clean[tier.index()][di].take_quantile(tuning.quantile)
+                } else {
+                    None
+                }
+                .map(|ms| ms / target);
                 b.learn(
                     self.drained_since
                         .filter(|_| learning)
                         .and_then(sampled)
+                        .or(kept)
                         .map(|r| r * target),
                     dt,
                     half_life,
@@ -1048,6 +1118,7 @@ impl PoolController {
             dims,
             unattainable,
             idle,
+            busy: !(no_queue && low_kv) || pace_short,
         }
     }
 }
@@ -2099,6 +2170,36 @@ mod tests {
             );
         }
         assert!(c.level() >= 2.0, "{}", c.level());
+    }
+
+    /// A tier's unloaded TTFT is learned from its requests that ran on an empty queue even
+    /// when no window holds enough of them (a GPU's seconds-long answers, a tier's low rate),
+    /// and never from requests that met a queue.
+    #[test]
+    fn an_unloaded_first_token_is_learned_across_windows_on_an_empty_queue_only() {
+        let rules = ttft_tpot_rules();
+        let t = AdaptiveTuning::default();
+        let learned = |waiting: f64| {
+            let mut c = PoolController::new();
+            let mut at = 0;
+            for _ in 0..6 {
+                // Two answers a sample, the samples further apart than the window.
+                at += t.window_ms + 1000;
+                let two = streams(at, Tier::Guaranteed, 120.0, 1.0, 2);
+                c.observe(
+                    Pool::OnDemand,
+                    &rules,
+                    &t,
+                    &queue(20.0, waiting, 0.0),
+                    &two,
+                    at,
+                );
+            }
+            c.baseline[Tier::Guaranteed.index()][Dim::Ttft.index()].ms
+        };
+        let g = learned(0.0);
+        assert!(g.is_some_and(|ms| (ms - 120.0).abs() < 1.0), "{g:?}");
+        assert_eq!(learned(3.0), None);
     }
 
     /// The batch's pace eating TPOT's budget raises the level with no queue at all (shedding

@@ -5,6 +5,7 @@
 
 use crate::adaptive::{draw, PoolControl, RailKind, Shares};
 use crate::reason::Reason;
+use crate::slo::Dim;
 use crate::state::{Decision, PolicyState};
 use crate::tenant_policy::PolicyRules;
 use crate::types::{Action, Pool, PressureState, RequestFacts, Tier, TierState};
@@ -114,18 +115,20 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
     {
         return to_fallback(Reason::FallbackCacheFilling, cap);
     }
-    // Opt-in: Guaranteed's pool lends room only while it idles. Its misses come in spikes that
-    // its headroom gives no warning of, and what a lower tier starts there holds the pool for
-    // its whole answer. Unknown KV usage fails open, as everywhere.
+    // Guaranteed's pool lends room only while it is not busy, where Guaranteed's first-token
+    // target is tight: its misses come in spikes its headroom gives no warning of, and what a
+    // lower tier starts there holds the pool for its whole answer. Unknown KV usage fails
+    // open, as everywhere.
     let t = &rules.adaptive;
-    if t.reserve_guaranteed_pool
+    if t.reserves_guaranteed_pool()
         && req.tier != Tier::Guaranteed
         && tier.fallback_eligible
         && pool == rules.tier(Tier::Guaranteed).preferred_pool
         && req.fallback_available
         && rules.fallback_relieves(pool)
         && ctl.filling.is_some()
-        && !ctl.idle
+        && ctl.busy
+        && guaranteed_ttft_tight(ctl, t.reserve_ttft_below_x)
     {
         let calm = filling(fallback_pool) == Some(false)
             && fallback_pool
@@ -186,6 +189,17 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
             pool,
             route_reason,
         ),
+    }
+}
+
+/// Guaranteed has a TTFT objective on this pool, and its target is under `below_x` times its
+/// learned unloaded TTFT there (or that is not learned yet: the pool may be met busy).
+fn guaranteed_ttft_tight(ctl: &PoolControl, below_x: Option<f64>) -> bool {
+    let g = ctl.dims[Tier::Guaranteed.index()][Dim::Ttft.index()];
+    match (g.target_ms, g.unloaded_ms, below_x) {
+        (None, _, _) => false,
+        (Some(target), Some(unloaded), Some(x)) => (target as f64) < x * unloaded,
+        _ => true,
     }
 }
 
@@ -418,27 +432,31 @@ mod tests {
         }
     }
 
-    /// `reserve_guaranteed_pool`: Standard stays on Guaranteed's pool only while it idles;
-    /// otherwise it moves to a calm fallback or is refused. Guaranteed and Best-Effort are
-    /// untouched, and with the knob off, the fallback down or the cache unknown nothing changes.
+    /// `reserve_guaranteed_pool` (shipped on): while Guaranteed's pool is busy and its TTFT
+    /// target is tight (under `reserve_ttft_below_x` times its unloaded TTFT, or that unknown),
+    /// Standard moves to a calm fallback or is refused. A quiet pool, a loose target, no TTFT
+    /// objective, Guaranteed and Best-Effort, the fallback down, the cache unknown and the knob
+    /// off all leave the ladder as it was.
     #[test]
-    fn a_reserved_pool_lends_room_only_while_it_idles() {
-        use super::super::adaptive::ladder;
-        let on = PolicyRules {
-            adaptive: AdaptiveTuning {
-                reserve_guaranteed_pool: true,
-                ..AdaptiveTuning::default()
-            },
-            ..PolicyRules::default()
-        };
-        // On-demand busy or idle; spot's level and fill.
-        let at = |idle: bool, spot_level: f64, spot_filling: Option<bool>| {
+    fn a_busy_pool_with_a_tight_first_token_target_is_kept_for_guaranteed() {
+        use super::super::adaptive::{ladder, DimReading};
+        use crate::slo::Dim;
+        let rules = PolicyRules::default();
+        assert!(rules.adaptive.reserves_guaranteed_pool());
+        // On-demand busy or not, Guaranteed's TTFT (target, learned unloaded); spot's level
+        // and fill.
+        let at = |busy: bool, ttft: (Option<u64>, Option<f64>), spot: (f64, Option<bool>)| {
             let mut s = PolicyState::initial();
-            s.pools[0] = PoolControl::idle(ladder(&on, Pool::OnDemand));
+            s.pools[0] = PoolControl::idle(ladder(&rules, Pool::OnDemand));
             s.pools[0].filling = Some(false);
-            s.pools[0].idle = idle;
-            s.pools[1].level = spot_level;
-            s.pools[1].filling = spot_filling;
+            s.pools[0].busy = busy;
+            s.pools[0].dims[Tier::Guaranteed.index()][Dim::Ttft.index()] = DimReading {
+                target_ms: ttft.0,
+                unloaded_ms: ttft.1,
+                ..DimReading::default()
+            };
+            s.pools[1].level = spot.0;
+            s.pools[1].filling = spot.1;
             s
         };
         let one = |r: &PolicyRules, s: &PolicyState, f: RequestFacts| {
@@ -452,42 +470,50 @@ mod tests {
         );
         let refused = (Action::Reject, Reason::RejectPoolReserved, Pool::OnDemand);
         let passed = |pool| (Action::Pass, Reason::AdmittedWithinHeadroom, pool);
-        let busy = at(false, 0.0, Some(false));
+        let tight = (Some(500), Some(200.0));
+        let calm = (0.0, Some(false));
+        let busy = at(true, tight, calm);
         for t in 0..200 {
-            assert_eq!(one(&on, &busy, facts(Tier::Standard, t)), moved);
+            assert_eq!(one(&rules, &busy, facts(Tier::Standard, t)), moved);
         }
-        for spot_busy in [
-            at(false, 0.25, Some(false)),
-            at(false, 0.0, Some(true)),
-            at(false, 0.0, None),
-        ] {
-            assert_eq!(one(&on, &spot_busy, facts(Tier::Standard, 1)), refused);
+        for spot in [(0.25, Some(false)), (0.0, Some(true)), (0.0, None)] {
+            let s = at(true, tight, spot);
+            assert_eq!(one(&rules, &s, facts(Tier::Standard, 1)), refused);
         }
+        // Not learned yet: the pool may have been met busy, so it counts as tight.
+        let unlearned = at(true, (Some(500), None), calm);
+        assert_eq!(one(&rules, &unlearned, facts(Tier::Standard, 1)), moved);
+        let standard = |s: &PolicyState| one(&rules, s, facts(Tier::Standard, 1));
+        assert_eq!(standard(&at(false, tight, calm)), passed(Pool::OnDemand));
+        let loose = at(true, (Some(500), Some(50.0)), calm);
+        assert_eq!(standard(&loose), passed(Pool::OnDemand));
         assert_eq!(
-            one(&on, &at(true, 3.0, Some(true)), facts(Tier::Standard, 1)),
+            standard(&at(true, (None, Some(50.0)), calm)),
+            passed(Pool::OnDemand)
+        );
+        let mut always = rules.clone();
+        always.adaptive.reserve_ttft_below_x = None;
+        assert_eq!(one(&always, &loose, facts(Tier::Standard, 1)), moved);
+        assert_eq!(
+            one(&rules, &busy, facts(Tier::Guaranteed, 1)),
             passed(Pool::OnDemand)
         );
         assert_eq!(
-            one(&on, &busy, facts(Tier::Guaranteed, 1)),
-            passed(Pool::OnDemand)
-        );
-        assert_eq!(
-            one(&on, &busy, facts(Tier::BestEffort, 1)),
+            one(&rules, &busy, facts(Tier::BestEffort, 1)),
             passed(Pool::Spot)
         );
         let down = RequestFacts {
             fallback_available: false,
             ..facts(Tier::Standard, 1)
         };
-        assert_eq!(one(&on, &busy, down), passed(Pool::OnDemand));
+        assert_eq!(one(&rules, &busy, down), passed(Pool::OnDemand));
         let mut unknown = busy.clone();
         unknown.pools[0].filling = None;
+        assert_eq!(standard(&unknown), passed(Pool::OnDemand));
+        let mut off = rules.clone();
+        off.adaptive.reserve_guaranteed_pool = Some(false);
         assert_eq!(
-            one(&on, &unknown, facts(Tier::Standard, 1)),
-            passed(Pool::OnDemand)
-        );
-        assert_eq!(
-            one(&PolicyRules::default(), &busy, facts(Tier::Standard, 1)),
+            one(&off, &busy, facts(Tier::Standard, 1)),
             passed(Pool::OnDemand)
         );
     }

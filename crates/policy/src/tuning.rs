@@ -66,13 +66,20 @@ pub struct AdaptiveTuning {
     /// Guaranteed burst would wait for it; the level still acts on the latencies as before.
     /// `None`: off.
     pub fallback_pressure_at: Option<f64>,
-    /// Guaranteed's pool serves a tier that may fall back only while it is idle; otherwise that
-    /// tier goes to the fallback while the fallback's pool is calm (level 0, below
-    /// `fallback_pressure_at`), else it is refused. Guaranteed's misses come in spikes its
-    /// headroom gives no warning of, and what a lower tier started on the pool holds it for its
-    /// whole answer; keeping the pool for Guaranteed costs the lower tier refusals and goodput
-    /// at loose targets (bench/results/frontier.md). Off by default.
-    pub reserve_guaranteed_pool: bool,
+    /// While Guaranteed's pool is busy (vLLM queues, the cache is at or above
+    /// `idle_pressure_below`, or the batch eats a TPOT budget) and Guaranteed's TTFT target
+    /// there is tight, a tier that may fall back does not start on it: it goes to the fallback
+    /// while the fallback's pool is calm (level 0, below `fallback_pressure_at`), else it is
+    /// refused. What a lower tier starts holds the cache for its whole answer, and Guaranteed's
+    /// first tokens then wait for it in spikes its headroom gives no warning of
+    /// (bench/results/frontier.md). `None`: on wherever `fallback_pressure_at` is set; `true`
+    /// without it is a config error.
+    pub reserve_guaranteed_pool: Option<bool>,
+    /// Guaranteed's TTFT target is tight while under this many times its learned unloaded TTFT
+    /// on the pool (or while that is not learned yet): a looser one absorbs the wait for a
+    /// running answer to free the cache, and reserving there only costs the lower tiers.
+    /// `None`: always tight. Only a TTFT objective is reserved for.
+    pub reserve_ttft_below_x: Option<f64>,
     /// Gate lower tiers on the work in flight per pool ([`super::work_gate`]).
     pub work_gate: bool,
     /// Shares of a pool's learned work limit Standard and Best-Effort may fill.
@@ -96,6 +103,14 @@ pub struct AdaptiveTuning {
     pub queue_lookahead_samples: f64,
 }
 
+impl AdaptiveTuning {
+    /// `reserve_guaranteed_pool` in force: as set, else wherever the fill mark is.
+    pub fn reserves_guaranteed_pool(&self) -> bool {
+        self.reserve_guaranteed_pool
+            .unwrap_or(self.fallback_pressure_at.is_some())
+    }
+}
+
 impl Default for AdaptiveTuning {
     fn default() -> Self {
         Self {
@@ -112,7 +127,8 @@ impl Default for AdaptiveTuning {
             rail_queue_depth_at: Some(128.0),
             shape_pressure_at: Some(90.0),
             fallback_pressure_at: Some(70.0),
-            reserve_guaranteed_pool: false,
+            reserve_guaranteed_pool: None,
+            reserve_ttft_below_x: Some(5.0),
             work_gate: false,
             work_share_standard: 0.9,
             work_share_best_effort: 0.7,
