@@ -205,7 +205,6 @@ fn guaranteed_ttft_tight(ctl: &PoolControl, below_x: Option<f64>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::adaptive::AdaptiveTuning;
     use super::super::adaptive::Outcome;
     use super::super::{PolicyEngine, PoolSignals, Tier};
     use super::*;
