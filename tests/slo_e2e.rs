@@ -1,7 +1,8 @@
 //! Objectives in TTFT and TPOT over real HTTP against the simulator: per-request targets that
 //! tighten (never loosen) a tier's, the refusal of a request whose first token its pool cannot
 //! give in time, the per-tenant switch, and what a served stream leaves in the decision record,
-//! the metrics and `/status`.
+//! the metrics and `/status`, and Guaranteed's busy pool kept for it while its first-token
+//! target is tight.
 
 mod common;
 use common::*;
@@ -229,4 +230,73 @@ async fn a_slow_pace_misses_tpot_and_says_so() {
         "{m}"
     );
     assert!(m.contains(r#"sluice_slo_violations_total{dimension="ttft",tier="Standard"} 0"#));
+}
+
+/// The shipped rule that keeps Guaranteed's pool for it: with Guaranteed's first-token target
+/// tight (its unloaded TTFT not learned yet counts as tight) and on-demand busy (its cache at
+/// 60 %, under the 70 % fill mark), Standard goes to the fallback on spot, which is calm, and
+/// `/status` says the pool is busy; Guaranteed and Best-Effort are untouched. Once the cache is
+/// back under 50 %, Standard runs on on-demand again.
+#[tokio::test]
+async fn standard_starts_nowhere_on_guaranteeds_busy_pool_while_its_first_token_target_is_tight() {
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b,llama-3-8b", &[]).await;
+    let mut cfg = config(&[&od.addr], &[&sp.addr]);
+    merge(
+        &mut cfg,
+        json!({
+            "policy": {"mode": "adaptive", "adaptive": {"window_ms": 2500, "min_samples": 3}},
+            "tiers": {"Guaranteed": {"slo": {"ttft_ms": 500, "tpot_ms": 50}},
+                      "Standard": {"slo": {"ttft_ms": 1000, "tpot_ms": 100}},
+                      "Best-Effort": {"slo": {"ttft_ms": 2000, "tpot_ms": 200}}},
+            "fallbacks": [{"name": "small", "url": format!("http://{}", sp.addr), "model": "llama-3-8b"}],
+        }),
+    );
+    let s = serve(&cfg).await;
+    let busy = |want: bool| {
+        let s = &s;
+        async move {
+            wait_for(Duration::from_secs(5), "on-demand's busy flag", || async {
+                let st = s.status().await;
+                (st["admission_control"]["pools"]["on-demand"]["busy"] == want).then_some(())
+            })
+            .await
+        }
+    };
+    let reply = |tenant: &'static str| {
+        let s = &s;
+        async move {
+            let r = s.chat(tenant, chat_body("llama-3-70b", Some(20))).await;
+            let seen = (
+                r.status().as_u16(),
+                header(&r, "x-sluice-reason").to_string(),
+                header(&r, "x-sluice-pool").to_string(),
+            );
+            let body: Value = r.json().await.unwrap_or_default();
+            (seen, body["model"].as_str().unwrap_or_default().to_string())
+        }
+    };
+    let admitted = |pool: &str| (200, "admitted_slo_headroom".to_string(), pool.to_string());
+
+    s.set_signal("/admin/pressure", 60.0).await;
+    busy(true).await;
+    let (seen, model) = reply("coding-assistant").await;
+    assert_eq!(
+        (seen, model.as_str()),
+        (
+            (200, "fallback_pool_reserved".into(), "spot".into()),
+            "llama-3-8b"
+        )
+    );
+    assert_eq!(reply("support-bot").await.0, admitted("on-demand"));
+    assert_eq!(reply("batch-analytics").await.0, admitted("spot"));
+
+    let r = client()
+        .delete(s.ops_url("/admin/pressure"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    busy(false).await;
+    assert_eq!(reply("coding-assistant").await.0, admitted("on-demand"));
 }

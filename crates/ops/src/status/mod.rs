@@ -216,6 +216,7 @@ fn admission_control(app: &OpsState, snap: &Snapshot, rules: &PolicyRules) -> Ad
                 shaping: c.shaping,
                 filling: c.filling,
                 idle: c.idle,
+                busy: c.busy,
                 work_limit_tokens: c.work_limit,
                 inflight_work_tokens: c.inflight_work,
             };

@@ -165,6 +165,10 @@ pub struct PoolAdmission {
     /// KV usage at `fallback_pressure_at`: what may fall back is moving off this pool.
     pub filling: Option<bool>,
     pub idle: bool,
+    /// At the last sample vLLM queued, the cache was at `idle_pressure_below` or the batch ate
+    /// a TPOT budget: Standard then starts nowhere on Guaranteed's pool while Guaranteed's
+    /// first-token target is tight (`reserve_guaranteed_pool`).
+    pub busy: bool,
     pub work_limit_tokens: Option<f64>,
     pub inflight_work_tokens: Option<f64>,
 }
