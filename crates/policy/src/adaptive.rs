@@ -168,6 +168,12 @@ impl Outcome {
         }
     }
 
+    /// When the request arrived: its end (or first token) less its latency so far.
+    fn started(&self) -> Millis {
+        self.at
+            .saturating_sub(self.latency_ms.unwrap_or(0.0) as Millis)
+    }
+
     /// A stream's first token reached the client at `at`, `ttft_ms` after the request arrived.
     pub fn first_token(at: Millis, tier: Tier, ttft_ms: f64) -> Self {
         Outcome {
@@ -597,7 +603,7 @@ impl PoolController {
         let mut pending: [Vec<(Millis, [Option<f64>; 3])>; 3] = Default::default();
         for o in outcomes {
             let ratios = o.ratios(&rules.tier(o.tier).slo);
-            let started = o.at.saturating_sub(o.latency_ms.unwrap_or(0.0) as Millis);
+            let started = o.started();
             if o.pending {
                 if o.latency_ms.is_some() {
                     pending[o.tier.index()].push((started, ratios));
@@ -658,8 +664,7 @@ impl PoolController {
         // unloaded TTFT was unknown for most of seed's run at 20 ms a decode step).
         if let Some(since) = drained {
             for o in outcomes.iter().filter(|o| !o.pending) {
-                let started = o.at.saturating_sub(o.latency_ms.unwrap_or(0.0) as Millis);
-                if started < since {
+                if o.started() < since {
                     continue;
                 }
                 let slo = &rules.tier(o.tier).slo;
