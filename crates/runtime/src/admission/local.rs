@@ -82,6 +82,18 @@ impl TierSlots {
         })
     }
 
+    /// Charges a waiter admitted from the queue, and notes what its tenant is owed for having
+    /// waited under the others still waiting.
+    fn charge_waiter(&mut self, tenant: &str, charge: f64) -> Option<Charged> {
+        let charged = self.charge(tenant, charge);
+        if let Some(f) = self.fair.as_mut() {
+            let others = self.waiting.keys().map(String::as_str);
+            let others = f.floor(others.filter(|t| *t != tenant));
+            f.claimed(tenant, others, now_ms());
+        }
+        charged
+    }
+
     fn enqueue(&mut self, tenant: &str, waiter: Waiter) {
         if !self.waiting.contains_key(tenant) {
             if let Some(f) = self.fair.as_mut() {
@@ -256,7 +268,7 @@ impl Inner {
                 let over = t.capacity != 0 && t.inflight > u64::from(t.capacity);
                 match t.pop_next() {
                     Some((tenant, w)) if !over => {
-                        let charged = t.charge(&tenant, w.charge);
+                        let charged = t.charge_waiter(&tenant, w.charge);
                         (tenant, w, charged)
                     }
                     other => {

@@ -170,6 +170,7 @@ struct TierKeys {
     lent: String,
     kept: String,
     vtc_keep: String,
+    vtc_owed: String,
 }
 
 impl TierKeys {
@@ -193,6 +194,7 @@ impl TierKeys {
             lent: k("lent"),
             kept: k("kept"),
             vtc_keep: k("vtc_keep"),
+            vtc_owed: k("vtc_owed"),
             base,
         }
     }
@@ -215,7 +217,8 @@ impl TierKeys {
             .key(&self.vtc_ahead)
             .key(&self.lent)
             .key(&self.kept)
-            .key(&self.vtc_keep);
+            .key(&self.vtc_keep)
+            .key(&self.vtc_owed);
     }
 
     /// A per-tier script's keys and its first argument, the key base.
@@ -1369,6 +1372,59 @@ mod tests {
         assert_eq!(ns.claim(&k, "hw", 5, "m2").await, 1);
         assert_eq!(ns.zcard(&k.backlog).await, 0);
         assert_eq!(ns.zcard(&k.before).await, 0, "nobody waits any more");
+    }
+
+    /// The scripts' side of fair.rs's
+    /// `credit_earned_waiting_is_not_lifted_away_when_the_queue_empties_for_a_moment`: gold
+    /// waited on one slot while heavy held three; back after its queue emptied, it keeps what
+    /// it was under heavy's counter when its last waiter was admitted instead of being lifted
+    /// to heavy's service.
+    #[tokio::test]
+    async fn credit_earned_waiting_is_not_lifted_away_when_the_queue_empties_for_a_moment() {
+        let mut ns = Ns::new().await;
+        let k = ns.keys(Tier::Standard);
+        for (member, tenant, charge) in [
+            ("h0", "heavy", 925.0),
+            ("h1", "heavy", 925.0),
+            ("h2", "heavy", 925.0),
+            ("g0", "gold", 245.0),
+        ] {
+            assert_eq!(ns.admit_for(&k, 4, member, 5000, tenant, charge).await.0, 1);
+        }
+        assert_eq!(ns.enqueue_for(&k, "hw1", 10, 5000, "heavy", 925.0).await, 1);
+        assert_eq!(ns.enqueue_for(&k, "hw2", 10, 5000, "heavy", 925.0).await, 1);
+        assert_eq!(ns.enqueue_for(&k, "gw1", 10, 5000, "gold", 245.0).await, 1);
+        assert_eq!(ns.enqueue_for(&k, "gw2", 10, 5000, "gold", 245.0).await, 1);
+        // Gold's waiters take its one slot in turn while heavy's three run.
+        assert_eq!(ns.release(&k, "g0").await, 1);
+        assert_eq!(ns.claim(&k, "gw1", 4, "g1").await, 1);
+        assert_eq!(ns.release(&k, "g1").await, 1);
+        assert_eq!(ns.claim(&k, "gw2", 4, "g2").await, 1);
+        assert_eq!(ns.release(&k, "g2").await, 1);
+        // Heavy's three end and one of its waiters takes a slot; the other still waits.
+        for h in ["h0", "h1", "h2"] {
+            assert_eq!(ns.release(&k, h).await, 1);
+        }
+        assert_eq!(ns.claim(&k, "hw1", 4, "h3").await, 1);
+        assert_eq!(ns.enqueue_for(&k, "gw3", 10, 5000, "gold", 245.0).await, 1);
+        let score = |set: String, t: &'static str| {
+            let mut c = ns.conn.clone();
+            async move {
+                let v: Option<f64> = redis::cmd("ZSCORE")
+                    .arg(set)
+                    .arg(t)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                v.unwrap()
+            }
+        };
+        assert_eq!(score(k.before.clone(), "heavy").await, 2775.0);
+        let gold = score(k.backlog.clone(), "gold").await;
+        assert!(
+            (735.0..736.0).contains(&gold),
+            "owed the 2,040 it was under heavy, not lifted to 2,775: {gold}"
+        );
     }
 
     /// The claim script serves the waiting tenant with the least service, FIFO within each:

@@ -29,5 +29,6 @@ forget_waiter(K, base, waiter)
 redis.call('ZADD', K.slots, now + tonumber(ARGV[5]), ARGV[4])
 if tenant and ARGV[6] == '1' then
   charge(K, tenant, c, now, ARGV[4])
+  claimed(K, tenant, now)
 end
 return {1, reclaimed}

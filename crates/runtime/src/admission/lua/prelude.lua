@@ -15,8 +15,9 @@
 -- queue, until they notice; credits: each replica's idle capacity credits (slots it leased and
 -- no request uses), as it last reported; lent: each charged slot's charge, when it was taken
 -- and its tenant, given back when it is released; kept: slots kept for a tenant, by member;
--- vtc_keep: each tenant's last request end, grace and whether a slot kept for it went unused.
-local TIER_KEYS = 17
+-- vtc_keep: each tenant's last request end, grace and whether a slot kept for it went unused;
+-- vtc_owed: what each tenant was owed for waiting when its latest waiter was admitted, and when.
+local TIER_KEYS = 18
 
 -- fair.rs: MAX_GRACE_MS.
 local MAX_GRACE_MS = 500
@@ -28,7 +29,7 @@ local function tier_keys(offset)
     vtc_at = KEYS[offset + 7], wt = KEYS[offset + 8], wc = KEYS[offset + 9],
     pushed = KEYS[offset + 10], vtc_last = KEYS[offset + 11], before = KEYS[offset + 12],
     credits = KEYS[offset + 13], vtc_ahead = KEYS[offset + 14], lent = KEYS[offset + 15],
-    kept = KEYS[offset + 16], vtc_keep = KEYS[offset + 17],
+    kept = KEYS[offset + 16], vtc_keep = KEYS[offset + 17], vtc_owed = KEYS[offset + 18],
   }
 end
 
@@ -203,16 +204,44 @@ local function reclaim(K, now)
   return n
 end
 
+-- A waiter of `tenant` was admitted from the queue, after `charge` (fair.rs:
+-- FairShare::claimed): what its counter stays under the lowest counter of the tenants still
+-- waiting besides it is owed to it until it next waits.
+local function claimed(K, tenant, now)
+  local owed = 0
+  local low = redis.call('ZRANGE', K.backlog, 0, 1, 'WITHSCORES')
+  for i = 1, #low, 2 do
+    if low[i] ~= tenant then
+      -- fair.rs: owed_under.
+      owed = math.max(tonumber(low[i + 1]) - hnum(K.vtc, tenant), 0)
+      break
+    end
+  end
+  redis.call('HSET', K.vtc_owed, tenant, string.format('%s %d', num(owed), now))
+end
+
+-- What `tenant` is still owed for waiting (fair.rs: faded).
+local function owed(K, tenant, now, half_life)
+  local rec = redis.call('HGET', K.vtc_owed, tenant)
+  local o, at = string.match(rec or '', '^(%S+) (%d+)$')
+  if not o then
+    return 0
+  end
+  return tonumber(o) * math.pow(0.5, math.max(now - tonumber(at), 0) / half_life)
+end
+
 -- A tenant starts waiting (fair.rs: FairShare::enter and entered): below the lowest counter
--- any waiting tenant has less what it is ahead by it is lifted to it; up to the lowest waiting
--- counter it keeps its own (it is owed what the others were charged in advance); above, its
--- excess fades by half-lives since it was last charged.
+-- any waiting tenant has less what it is ahead by, less what it is still owed for waiting, it
+-- is lifted to that; up to the lowest waiting counter it keeps its own (it is owed what the
+-- others were charged in advance); above, its excess fades by half-lives since it was last
+-- charged.
 local function enter(K, tenant, now, half_life)
   local v = hnum(K.vtc, tenant)
   local low = redis.call('ZRANGE', K.backlog, 0, 0, 'WITHSCORES')
   if low[1] then
     local lowest = tonumber(low[2])
     local lift = tonumber(redis.call('ZRANGE', K.before, 0, 0, 'WITHSCORES')[2] or lowest)
+      - owed(K, tenant, now, half_life)
     local was = v
     if v <= lift then
       v = lift

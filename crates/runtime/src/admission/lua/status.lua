@@ -22,7 +22,7 @@ for i = 1, tiers do
   -- can come from a client header) is forgotten rather than kept forever. (A running request's
   -- charge given back to a forgotten counter is dropped: fair.rs's ahead_after.)
   if queued == 0 and redis.call('HLEN', K.vtc) > 4096 then
-    redis.call('DEL', K.vtc, K.vtc_at, K.vtc_last, K.vtc_ahead, K.vtc_keep)
+    redis.call('DEL', K.vtc, K.vtc_at, K.vtc_last, K.vtc_ahead, K.vtc_keep, K.vtc_owed)
   end
   local waiting = {}
   local entries = redis.call('ZRANGE', K.backlog, 0, listed - 1, 'WITHSCORES')
