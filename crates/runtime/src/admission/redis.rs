@@ -1107,6 +1107,18 @@ mod tests {
                 .await
                 .unwrap()
         }
+
+        /// `member`'s score in the sorted set `key` (a tenant's counter in `backlog`, or its
+        /// counter less what it is ahead by in `before`).
+        async fn zscore(&mut self, key: &str, member: &str) -> f64 {
+            let v: Option<f64> = redis::cmd("ZSCORE")
+                .arg(key)
+                .arg(member)
+                .query_async(&mut self.conn)
+                .await
+                .unwrap();
+            v.unwrap_or_else(|| panic!("{member} not in {key}"))
+        }
     }
 
     impl Drop for Ns {
@@ -1303,32 +1315,18 @@ mod tests {
         assert_eq!(ns.enqueue_for(&k, "l1", 10, 5000, "light", 1.0).await, 1);
         assert_eq!(ns.enqueue_for(&k, "h1", 10, 5000, "heavy", 1.0).await, 1);
         assert_eq!(ns.enqueue_for(&k, "n1", 10, 5000, "newcomer", 1.0).await, 1);
-        let score = |t: &str| {
-            let mut c = ns.conn.clone();
-            let key = k.backlog.clone();
-            let t = t.to_string();
-            async move {
-                let v: Option<f64> = redis::cmd("ZSCORE")
-                    .arg(key)
-                    .arg(t)
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
-                v.unwrap()
-            }
-        };
         assert_eq!(
-            score("light").await,
+            ns.zscore(&k.backlog, "light").await,
             0.0,
             "nobody waited: nothing to lift to"
         );
-        let heavy = score("heavy").await;
+        let heavy = ns.zscore(&k.backlog, "heavy").await;
         assert!(
             (999.0..=1000.0).contains(&heavy),
             "excess kept, barely faded: {heavy}"
         );
         assert_eq!(
-            score("newcomer").await,
+            ns.zscore(&k.backlog, "newcomer").await,
             0.0,
             "lifted to the floor (light's 0)"
         );
@@ -1353,20 +1351,8 @@ mod tests {
         assert_eq!(ns.admit_for(&k, 4, "g1", 5000, "gold", 240.0).await.0, 1);
         assert_eq!(ns.enqueue_for(&k, "hw", 10, 5000, "heavy", 920.0).await, 1);
         assert_eq!(ns.enqueue_for(&k, "gw", 10, 5000, "gold", 240.0).await, 1);
-        let score = |set: String, t: &'static str| {
-            let mut c = ns.conn.clone();
-            async move {
-                let v: Option<f64> = redis::cmd("ZSCORE")
-                    .arg(set)
-                    .arg(t)
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
-                v.unwrap()
-            }
-        };
-        assert_eq!(score(k.backlog.clone(), "gold").await, 1040.0, "not lifted");
-        assert_eq!(score(k.before.clone(), "heavy").await, 920.0);
+        assert_eq!(ns.zscore(&k.backlog, "gold").await, 1040.0, "not lifted");
+        assert_eq!(ns.zscore(&k.before, "heavy").await, 920.0);
         assert_eq!(ns.claim(&k, "hw", 4, "m1").await, 0, "gold's turn first");
         assert_eq!(ns.claim(&k, "gw", 4, "m1").await, 1);
         assert_eq!(ns.claim(&k, "hw", 5, "m2").await, 1);
@@ -1407,20 +1393,8 @@ mod tests {
         }
         assert_eq!(ns.claim(&k, "hw1", 4, "h3").await, 1);
         assert_eq!(ns.enqueue_for(&k, "gw3", 10, 5000, "gold", 245.0).await, 1);
-        let score = |set: String, t: &'static str| {
-            let mut c = ns.conn.clone();
-            async move {
-                let v: Option<f64> = redis::cmd("ZSCORE")
-                    .arg(set)
-                    .arg(t)
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
-                v.unwrap()
-            }
-        };
-        assert_eq!(score(k.before.clone(), "heavy").await, 2775.0);
-        let gold = score(k.backlog.clone(), "gold").await;
+        assert_eq!(ns.zscore(&k.before, "heavy").await, 2775.0);
+        let gold = ns.zscore(&k.backlog, "gold").await;
         assert!(
             (735.0..736.0).contains(&gold),
             "owed the 2,040 it was under heavy, not lifted to 2,775: {gold}"
