@@ -210,11 +210,7 @@ async fn fallback_after_sustained_pressure_and_back_after_recovery() {
     sim_admin(&small, "/admin/health", json!({"healthy": true})).await;
 
     // Recovery: the scraped pressure of an idle simulator is ~0.
-    client()
-        .delete(s.ops_url("/admin/pressure"))
-        .send()
-        .await
-        .unwrap();
+    s.clear_signal("/admin/pressure").await;
     // `active` already went false while the fallback backend was down; the tracker itself
     // is what must recover.
     wait_for(Duration::from_secs(5), "fallback to recover", || async {

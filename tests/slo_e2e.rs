@@ -291,12 +291,7 @@ async fn standard_starts_nowhere_on_guaranteeds_busy_pool_while_its_first_token_
     assert_eq!(reply("support-bot").await.0, admitted("on-demand"));
     assert_eq!(reply("batch-analytics").await.0, admitted("spot"));
 
-    let r = client()
-        .delete(s.ops_url("/admin/pressure"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    s.clear_signal("/admin/pressure").await;
     busy(false).await;
     assert_eq!(reply("coding-assistant").await.0, admitted("on-demand"));
 }

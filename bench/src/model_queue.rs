@@ -200,9 +200,8 @@ impl<T> TierQueue<T> {
         let w = self.items.remove(i)?;
         let lent = self.charge(&w.tenant.clone(), w.charge, now);
         if let Some(f) = self.fair.as_mut() {
-            let others = self.items.iter().map(|x| x.tenant.as_str());
-            let others = f.floor(others.filter(|t| *t != w.tenant));
-            f.claimed(&w.tenant, others, now as u64);
+            let waiting = self.items.iter().map(|x| x.tenant.as_str());
+            f.claimed(&w.tenant, waiting, now as u64);
         }
         Some((w, lent))
     }

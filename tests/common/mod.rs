@@ -336,6 +336,12 @@ impl Sluice {
         assert_eq!(r.status(), 200, "admin {path}");
     }
 
+    /// Takes back an operator override set with [`set_signal`](Self::set_signal).
+    pub async fn clear_signal(&self, path: &str) {
+        let r = client().delete(self.ops_url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "admin DELETE {path}");
+    }
+
     /// Waits until `/status` shows `tier` in `state`.
     pub async fn wait_tier_state(&self, tier: &str, state: &str) {
         wait_for(

@@ -233,12 +233,22 @@ impl FairShare {
     }
 
     /// A waiter of `tenant` was admitted from the queue (after [`charge`](Self::charge)), with
-    /// `others` the floor of the tenants still waiting besides it: what its counter stays under
-    /// the lowest of theirs (the turns it is owed by the counters) is owed to it until it next
-    /// waits.
-    pub fn claimed(&mut self, tenant: &str, others: Option<Floor>, now_ms: u64) {
+    /// `waiting` the tenants still waiting (itself among them or not): what its counter stays
+    /// under the lowest of the others' (the turns it is owed by the counters) is owed to it until
+    /// it next waits.
+    pub fn claimed<'a, I: IntoIterator<Item = &'a str>>(
+        &mut self,
+        tenant: &str,
+        waiting: I,
+        now_ms: u64,
+    ) {
+        let lowest = waiting
+            .into_iter()
+            .filter(|t| *t != tenant)
+            .map(|t| self.value(t))
+            .min_by(f64::total_cmp);
         if let Some(c) = self.counters.get_mut(tenant) {
-            c.owed = others.map_or(0.0, |f| owed_under(c.value, f.lowest));
+            c.owed = lowest.map_or(0.0, |l| owed_under(c.value, l));
             c.owed_ms = now_ms;
         }
     }
@@ -371,7 +381,7 @@ mod tests {
         for at in [900, 1800, 2900] {
             f.finish("gold", 245.0);
             f.charge("gold", 245.0, at);
-            f.claimed("gold", f.floor(["heavy"]), at);
+            f.claimed("gold", ["heavy", "gold"], at);
         }
         assert_eq!(f.value("gold"), 980.0);
         // Heavy's three end; two of its waiters take their slots.

@@ -87,9 +87,7 @@ impl TierSlots {
     fn charge_waiter(&mut self, tenant: &str, charge: f64) -> Option<Charged> {
         let charged = self.charge(tenant, charge);
         if let Some(f) = self.fair.as_mut() {
-            let others = self.waiting.keys().map(String::as_str);
-            let others = f.floor(others.filter(|t| *t != tenant));
-            f.claimed(tenant, others, now_ms());
+            f.claimed(tenant, self.waiting.keys().map(String::as_str), now_ms());
         }
         charged
     }
