@@ -325,9 +325,13 @@ pub struct PoolControl {
     /// `idle_release_ms`: the level is 0 and stays there while this holds.
     pub idle: bool,
     /// At this sample vLLM queues, the cache is at or above `idle_pressure_below` or the
-    /// batch's pace eats a tier's TPOT budget: the instant reading behind `idle`, without its
-    /// `idle_release_ms` of hold (`reserve_guaranteed_pool` lends the pool as soon as it clears).
+    /// batch's pace has spent half a tier's TPOT budget: the instant reading behind `idle`,
+    /// without its `idle_release_ms` of hold (`reserve_guaranteed_pool` lends the pool as soon
+    /// as it clears).
     pub busy: bool,
+    /// The batch's pace has spent half a tier's TPOT budget here: a lower tier moved onto this
+    /// pool would slow every answer it decodes.
+    pub pace_busy: bool,
 }
 
 impl PoolControl {
@@ -351,6 +355,7 @@ impl PoolControl {
             dims: [[DimReading::default(); 3]; 3],
             idle: false,
             busy: true,
+            pace_busy: false,
         }
     }
 
@@ -542,6 +547,11 @@ const CALM_SNAP: f64 = 0.5;
 
 /// Finished requests a window needs before its quantile can move a tier's baseline.
 const BASELINE_MIN_SAMPLES: usize = 8;
+
+/// Pace headroom under which the batch counts as busy: half of a tier's TPOT budget spent, the
+/// mark under which "idle means open" still calls a pool idle. Shedding waits for
+/// `escalate_below`; only lending Guaranteed's pool and moving onto a fallback stop here.
+const BUSY_PACE_BELOW: f64 = 0.5;
 
 /// Headroom under which a pool takes no fallback traffic.
 const SATURATED_BELOW: f64 = 0.1;
@@ -860,6 +870,10 @@ impl PoolController {
             })
         };
         let pace_short = short(&pace_headroom);
+        let pace_busy = pace_short
+            || Tier::ALL.into_iter().any(|t| {
+                has_traffic(t) && pace_headroom[t.index()].is_some_and(|h| h < BUSY_PACE_BELOW)
+            });
         // First tokens late with nothing queued are prefill contending with a full batch (vLLM
         // prefills and decodes in one step): shedding shrinks the batch, so it is evidence too
         // while the cache is not idle. An end-to-end latency over budget without a queue is the
@@ -1123,7 +1137,8 @@ impl PoolController {
             dims,
             unattainable,
             idle,
-            busy: !(no_queue && low_kv) || pace_short,
+            busy: !(no_queue && low_kv) || pace_busy,
+            pace_busy,
         }
     }
 }
@@ -2292,6 +2307,43 @@ mod tests {
             }
         }
         assert!(zero_at.is_some(), "{}", c.level());
+    }
+
+    /// A batch that has spent half of Guaranteed's TPOT budget is busy, though nothing queues
+    /// and the cache is under the idle mark: Guaranteed's pool lends no room and takes no moved
+    /// answer then. Nothing is shed for it (that waits for `escalate_below`).
+    #[test]
+    fn a_pace_past_half_the_budget_makes_the_pool_busy_before_it_sheds() {
+        let rules = ttft_tpot_rules();
+        let t = AdaptiveTuning::default();
+        let mut c = PoolController::new();
+        let mut at = 0;
+        let mut at_pace = |c: &mut PoolController, itl: f64| {
+            at += 500;
+            c.observe(
+                Pool::OnDemand,
+                &rules,
+                &t,
+                &vllm(30.0, 0.0, 0.0, itl),
+                &all_tiers(at, 100.0, itl),
+                at,
+            )
+        };
+        for _ in 0..12 {
+            let ctl = at_pace(&mut c, 20.0);
+            assert!(!ctl.busy && !ctl.pace_busy, "{ctl:?}");
+        }
+        // 12 of Guaranteed's (50 − 20) ms spent: 60 % left.
+        let ctl = at_pace(&mut c, 32.0);
+        assert!(!ctl.busy && !ctl.pace_busy, "{ctl:?}");
+        // 17 spent: 43 % left, under half and over `escalate_below`.
+        for _ in 0..6 {
+            let ctl = at_pace(&mut c, 37.0);
+            assert!(ctl.busy && ctl.pace_busy, "{ctl:?}");
+            assert_eq!(ctl.level, 0.0, "{ctl:?}");
+        }
+        let ctl = at_pace(&mut c, 20.0);
+        assert!(!ctl.busy && !ctl.pace_busy, "{ctl:?}");
     }
 
     /// 30 s of a pool decoding at 20 ms a token at an empty cache and 30 ms more at a full one,
