@@ -75,7 +75,7 @@ reasons! {
     ClientGone => "client_gone": "The client went away while its request waited in the queue: it leaves the queue and is never sent.",
     RejectSloUnattainable => "reject_slo_unattainable": "Adaptive mode: the pool's queue delay and prefill already put this request's first token past its TTFT target (its tier's, or a tighter one it asked for): refused before it costs GPU time. Never Guaranteed.",
     FallbackCacheFilling => "fallback_cache_filling": "Adaptive mode: the pool's KV-cache usage is at fallback_pressure_at and the fallback runs on other capacity below it: moved to the fallback model, so the pool keeps room for the tiers above.",
-    FallbackPoolReserved => "fallback_pool_reserved": "Adaptive mode, reserve_guaranteed_pool: Guaranteed's pool is busy, its TTFT target tight, and the fallback runs on other capacity that is calm (level 0, below fallback_pressure_at): moved to the fallback model.",
+    FallbackPoolReserved => "fallback_pool_reserved": "Adaptive mode, reserve_guaranteed_pool: Guaranteed's pool is busy, its TTFT target tight, and the fallback runs on other capacity that is calm (level 0, below fallback_pressure_at, its batch within half of its tiers' TPOT budgets): moved to the fallback model.",
     RejectPoolReserved => "reject_pool_reserved": "Adaptive mode, reserve_guaranteed_pool: Guaranteed's pool is busy, its TTFT target tight, and the fallback cannot take the request: refused, so the pool stays Guaranteed's. Never Guaranteed.",
 }
 
