@@ -144,8 +144,12 @@ pub fn assert_check_ok(path: &std::path::Path) {
 }
 
 pub fn write_config(cfg: &Value) -> (PathBuf, PathBuf) {
+    // A free port alone is no unique name: two tests of one binary asking at once can be handed
+    // the same one, and then one's `sluice check` reads the other's config (seen in CI).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!(
-        "sluice-test-{}-{}",
+        "sluice-test-{}-{n}-{}",
         std::process::id(),
         free_port()
     ));
