@@ -864,16 +864,14 @@ impl PoolController {
         // The batch's own pace eating a tier's TPOT budget is evidence as a queue is: shedding
         // and capping shrink the batch, and its pace with it. While it is short, the pool is
         // neither calm nor idle.
-        let short = |readings: &[Option<f64>; 3]| {
-            Tier::ALL.into_iter().any(|t| {
-                has_traffic(t) && readings[t.index()].is_some_and(|h| h < tuning.escalate_below)
-            })
+        let under = |readings: &[Option<f64>; 3], mark: f64| {
+            Tier::ALL
+                .into_iter()
+                .any(|t| has_traffic(t) && readings[t.index()].is_some_and(|h| h < mark))
         };
+        let short = |readings: &[Option<f64>; 3]| under(readings, tuning.escalate_below);
         let pace_short = short(&pace_headroom);
-        let pace_busy = pace_short
-            || Tier::ALL.into_iter().any(|t| {
-                has_traffic(t) && pace_headroom[t.index()].is_some_and(|h| h < BUSY_PACE_BELOW)
-            });
+        let pace_busy = under(&pace_headroom, BUSY_PACE_BELOW.max(tuning.escalate_below));
         // First tokens late with nothing queued are prefill contending with a full batch (vLLM
         // prefills and decodes in one step): shedding shrinks the batch, so it is evidence too
         // while the cache is not idle. An end-to-end latency over budget without a queue is the

@@ -220,14 +220,19 @@ local function claimed(K, tenant, now)
   redis.call('HSET', K.vtc_owed, tenant, string.format('%s %d', num(owed), now))
 end
 
--- What `tenant` is still owed for waiting (fair.rs: faded).
+-- `amount` recorded at `at`, halved every `half_life` ms since (fair.rs: faded).
+local function faded(amount, at, now, half_life)
+  return amount * math.pow(0.5, math.max(now - at, 0) / half_life)
+end
+
+-- What `tenant` is still owed for waiting.
 local function owed(K, tenant, now, half_life)
   local rec = redis.call('HGET', K.vtc_owed, tenant)
   local o, at = string.match(rec or '', '^(%S+) (%d+)$')
   if not o then
     return 0
   end
-  return tonumber(o) * math.pow(0.5, math.max(now - tonumber(at), 0) / half_life)
+  return faded(tonumber(o), tonumber(at), now, half_life)
 end
 
 -- A tenant starts waiting (fair.rs: FairShare::enter and entered): below the lowest counter
@@ -247,7 +252,7 @@ local function enter(K, tenant, now, half_life)
       v = lift
     elseif v > lowest then
       local at = tonumber(redis.call('HGET', K.vtc_at, tenant) or now)
-      v = lowest + (v - lowest) * math.pow(0.5, math.max(now - at, 0) / half_life)
+      v = lowest + faded(v - lowest, at, now, half_life)
     end
     if v ~= was then
       -- A lifted or faded counter owes nothing to its latest admission any more.
