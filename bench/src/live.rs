@@ -47,7 +47,12 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
     let c = procs::client();
     let spot_models = format!("{MODEL},{}", sluice_conf::FALLBACK_MODEL);
     // A shared backend is one simulator serving both pools and the fallback model.
-    let od = procs::start_sim(
+    let priority = input.mode == Mode::Priority;
+    let policy: &[&str] = match priority {
+        true => &["--scheduling-policy", "priority"],
+        false => &[],
+    };
+    let od = procs::start_sim_with(
         input.bin,
         "on-demand",
         if s.backends.shared {
@@ -57,12 +62,21 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
         },
         &s.backends.on_demand,
         input.dir,
+        policy,
     )
     .await?;
     let own_spot = match s.backends.shared {
         true => None,
         false => Some(
-            procs::start_sim(input.bin, "spot", &spot_models, &s.backends.spot, input.dir).await?,
+            procs::start_sim_with(
+                input.bin,
+                "spot",
+                &spot_models,
+                &s.backends.spot,
+                input.dir,
+                policy,
+            )
+            .await?,
         ),
     };
     let spot = own_spot.as_ref().unwrap_or(&od);
@@ -176,7 +190,7 @@ pub async fn run(input: LiveInput<'_>) -> Result<Run, String> {
         tasks.push(tokio::spawn(async move {
             let due = start + Duration::from_millis(a.at_ms);
             tokio::time::sleep_until(due).await;
-            let mut r = send(&c, &url, &a, due).await;
+            let mut r = send(&c, &url, &a, priority, due).await;
             if !proxied {
                 r.decision = "direct".into();
                 r.pool = direct_pool.into();
@@ -262,12 +276,22 @@ async fn wait_for_signals(c: &HttpClient, p: &Proc, ledger: bool) -> Result<(), 
 }
 
 /// Sends one request and records what came back.
-async fn send(c: &HttpClient, url: &str, a: &Arrival, due: Instant) -> RequestRecord {
+/// `priority`: the tier goes as vLLM's `priority` (mode `priority`, no proxy in between).
+async fn send(
+    c: &HttpClient,
+    url: &str,
+    a: &Arrival,
+    priority: bool,
+    due: Instant,
+) -> RequestRecord {
     let mut body = json!({
         "model": MODEL,
         "messages": [{"role": "user", "content": "x".repeat(a.prompt_tokens as usize * 4)}],
         "max_tokens": a.max_tokens,
     });
+    if priority {
+        body["priority"] = json!(a.tier.index());
+    }
     if a.stream {
         body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true});

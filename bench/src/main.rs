@@ -72,7 +72,8 @@ pub struct ScenarioArgs {
     )]
     pub scenarios: Vec<String>,
     /// Modes, comma separated: baseline (Guaranteed arrivals alone, direct; only for scenarios
-    /// with `baseline: true`), direct, phase1, phase2.
+    /// with `baseline: true`), direct, priority (direct on vLLM's priority policy, the tier as
+    /// `priority`), phase1, phase2, adaptive, fifo.
     #[arg(
         long,
         value_delimiter = ',',

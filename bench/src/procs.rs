@@ -96,8 +96,21 @@ pub async fn start_sim(
     params: &SimParams,
     dir: &Path,
 ) -> Result<Proc, String> {
+    start_sim_with(bin, name, models, params, dir, &[]).await
+}
+
+/// [`start_sim`] with more of the simulator's flags (`--scheduling-policy priority`).
+pub async fn start_sim_with(
+    bin: &Path,
+    name: &str,
+    models: &str,
+    params: &SimParams,
+    dir: &Path,
+    extra: &[&str],
+) -> Result<Proc, String> {
     let mut flags = vec!["--model".to_string(), models.to_string()];
     flags.extend(params.flags());
+    flags.extend(extra.iter().map(|f| f.to_string()));
     sluice_testkit::start_sim(bin, name, &flags, Some(dir.join(format!("{name}.log")))).await
 }
 

@@ -16,6 +16,10 @@ pub enum Mode {
     Baseline,
     /// Clients straight to the simulators (each tier to its pool's backend).
     Direct,
+    /// `direct` on engines running vLLM's priority policy (`--scheduling-policy priority`),
+    /// each request sending its tier as `priority`: what vLLM's own scheduler gives the tiers
+    /// without Sluice.
+    Priority,
     /// Sluice with the KV-pressure signal only and the shipped pressure thresholds: no
     /// queue-depth or SLA-rate thresholds, no capacities, queue, fallback or spot eviction.
     Phase1,
@@ -31,9 +35,10 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 6] = [
+    pub const ALL: [Mode; 7] = [
         Mode::Baseline,
         Mode::Direct,
+        Mode::Priority,
         Mode::Phase1,
         Mode::Phase2,
         Mode::Adaptive,
@@ -44,6 +49,7 @@ impl Mode {
         match self {
             Mode::Baseline => "baseline",
             Mode::Direct => "direct",
+            Mode::Priority => "priority",
             Mode::Phase1 => "phase1",
             Mode::Phase2 => "phase2",
             Mode::Adaptive => "adaptive",

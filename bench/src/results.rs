@@ -271,10 +271,12 @@ pub fn calibrate(scen: &ScenarioArgs, modes: &[Mode], seeds: u64) -> Result<(), 
         println!(
             "SLO met % of all requests (TTFT and TPOT both); Guaranteed as adaptive (TTFT / TPOT) vs \
              direct vs its arrivals alone; the lower tiers adaptive vs direct; SLO goodput \
-             adaptive ÷ direct; the targets missed (✓: none).\n"
+             adaptive ÷ direct; vLLM's priority policy with no proxy (mode `priority`, where it \
+             ran): Guaranteed / Standard / Best-Effort and its goodput ÷ direct; the targets \
+             missed (✓: none).\n"
         );
-        println!("| scenario | engine | timing | × | Guaranteed adaptive (TTFT / TPOT) | direct | alone | Standard adaptive / direct | Best-Effort adaptive / direct | SLO goodput ÷ direct | idle: refused or capped | targets |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| scenario | engine | timing | × | Guaranteed adaptive (TTFT / TPOT) | direct | alone | Standard adaptive / direct | Best-Effort adaptive / direct | SLO goodput ÷ direct | vLLM priority, no proxy | idle: refused or capped | targets |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for row in summary {
             println!("{row}");
         }
@@ -297,9 +299,20 @@ fn summary_row(s: &Scenario, spread: &[ModeSpread], targets: &[(String, String, 
         let d = |i: Dim| f.dim[i.index()].map_or("–".into(), |v| format!("{v:.1}"));
         format!("**{:.1}** ({} / {})", f.met, d(Dim::Ttft), d(Dim::Tpot))
     });
-    let ratio = match (get(Mode::Adaptive, None), get(Mode::Direct, None)) {
+    let ratio_of = |m: Mode| match (get(m, None), get(Mode::Direct, None)) {
         (Some(a), Some(d)) => format!("{:.2}×", a.goodput / d.goodput.max(1e-9)),
         _ => "–".into(),
+    };
+    let ratio = ratio_of(Mode::Adaptive);
+    let priority = match get(Mode::Priority, None) {
+        Some(_) => format!(
+            "{} / {} / {}; {}",
+            met(Mode::Priority, Tier::Guaranteed),
+            met(Mode::Priority, Tier::Standard),
+            met(Mode::Priority, Tier::BestEffort),
+            ratio_of(Mode::Priority)
+        ),
+        None => "–".into(),
     };
     let missed: Vec<String> = targets
         .iter()
@@ -334,7 +347,7 @@ fn summary_row(s: &Scenario, spread: &[ModeSpread], targets: &[(String, String, 
         format!("{} of {}", i.refused_or_capped, i.decided)
     });
     format!(
-        "| {base} | {} | {} | {} | {g} | {} | {} | {} / {} | {} / {} | {ratio} | {idle} | {} |",
+        "| {base} | {} | {} | {} | {g} | {} | {} | {} / {} | {} / {} | {ratio} | {priority} | {idle} | {} |",
         if s.variant.reserve {
             "reserve"
         } else {
