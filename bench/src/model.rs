@@ -693,7 +693,12 @@ fn arrive(
         rec.status = 429;
         return false;
     }
-    if slo_unattainable(&p.state, &p.rules, &d, a.tier) {
+    let asked = slo::Asked {
+        slo: p.rules.tier(a.tier).slo,
+        stream: a.stream,
+        max_tokens: a.max_tokens,
+    };
+    if slo::refused_estimate(&p.state, &d, &asked).is_some() {
         rec.status = 429;
         rec.decision = "reject".into();
         rec.reason = Reason::RejectSloUnattainable.as_str().into();
@@ -779,17 +784,23 @@ fn arrive(
     false
 }
 
-/// The proxy's refusal of a Standard or Best-Effort request whose first token its pool cannot
-/// give in time (`crates/proxy/src/admit.rs`, `fn unattainable`), after `decide`, for a request
-/// neither rejected nor moved to the fallback: vLLM's queue delay there plus the tier's learned
-/// unloaded TTFT (else the lowest any tier has learned) past the tier's TTFT target.
+/// The proxy's refusal of a Standard or Best-Effort request whose objective its pool cannot
+/// meet now (`crates/proxy/src/admit.rs`, `fn unattainable`), after `decide`, for a request
+/// neither rejected nor moved to the fallback: a stream of `tokens` at most.
+#[cfg(test)]
 fn slo_unattainable(
     state: &PolicyState,
     rules: &PolicyRules,
     d: &sluice_policy::Decision,
-    tier: Tier,
+    stream: bool,
+    tokens: u64,
 ) -> bool {
-    slo::refused_estimate(state, d, rules.tier(tier).slo.ttft_ms).is_some()
+    let asked = slo::Asked {
+        slo: rules.tier(d.tier).slo,
+        stream,
+        max_tokens: tokens,
+    };
+    slo::refused_estimate(state, d, &asked).is_some()
 }
 
 /// A queued request answered 429 without being served.
@@ -897,13 +908,15 @@ mod tests {
             &state,
             &rules,
             &pass(Tier::Standard),
-            Tier::Standard
+            true,
+            200
         ));
         assert!(!slo_unattainable(
             &state,
             &rules,
             &pass(Tier::Guaranteed),
-            Tier::Guaranteed
+            true,
+            200
         ));
         // Moved to the fallback, or already refused: judged elsewhere.
         let moved = decision(
@@ -911,7 +924,27 @@ mod tests {
             Action::Fallback { max_tokens: None },
             Pool::Fallback,
         );
-        assert!(!slo_unattainable(&state, &rules, &moved, Tier::Standard));
+        assert!(!slo_unattainable(&state, &rules, &moved, true, 200));
+        // A whole answer is judged on its deadline: with the pace learned well under its TPOT
+        // target, a long one still makes it where a stream's first token cannot; a one-token
+        // answer cannot. Unknown pace: judged as a stream.
+        let tpot = rules.tier(Tier::Standard).slo.tpot_ms.unwrap() as f64;
+        let whole = |state: &PolicyState, tokens| {
+            slo_unattainable(state, &rules, &pass(Tier::Standard), false, tokens)
+        };
+        assert!(whole(&state, 200));
+        state.pools[0].dims[Tier::Standard.index()][Dim::Tpot.index()].unloaded_ms =
+            Some(tpot / 4.0);
+        assert!(!whole(&state, 200));
+        assert!(whole(&state, 1));
+        // A cap on the answer is its length.
+        let capped = decision(
+            Tier::Standard,
+            Action::Degrade { max_tokens: 1 },
+            Pool::OnDemand,
+        );
+        assert!(slo_unattainable(&state, &rules, &capped, false, 200));
+        state.pools[0].dims[Tier::Standard.index()][Dim::Tpot.index()].unloaded_ms = None;
         // A tier without a learned value of its own borrows the lowest another tier learned;
         // within reach, or with no queue reading, it is admitted.
         state.pools[0].delay_ms = Some(target / 2.0);
@@ -919,7 +952,8 @@ mod tests {
             &state,
             &rules,
             &pass(Tier::Standard),
-            Tier::Standard
+            true,
+            200
         ));
         state.pools[0].dims[Tier::Standard.index()][Dim::Ttft.index()].unloaded_ms = None;
         state.pools[0].dims[Tier::Guaranteed.index()][Dim::Ttft.index()].unloaded_ms = Some(target);
@@ -927,14 +961,16 @@ mod tests {
             &state,
             &rules,
             &pass(Tier::Standard),
-            Tier::Standard
+            true,
+            200
         ));
         state.pools[0].delay_ms = None;
         assert!(!slo_unattainable(
             &state,
             &rules,
             &pass(Tier::Standard),
-            Tier::Standard
+            true,
+            200
         ));
     }
 

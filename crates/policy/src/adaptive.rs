@@ -332,6 +332,9 @@ pub struct PoolControl {
     /// The batch's pace has spent half a tier's TPOT budget here: a lower tier moved onto this
     /// pool would slow every answer it decodes.
     pub pace_busy: bool,
+    /// vLLM's inter-token latency over the last sample (ms), when it exports it: the pace a
+    /// request admitted now decodes at.
+    pub pace_ms: Option<f64>,
 }
 
 impl PoolControl {
@@ -356,6 +359,7 @@ impl PoolControl {
             idle: false,
             busy: true,
             pace_busy: false,
+            pace_ms: None,
         }
     }
 
@@ -1137,6 +1141,7 @@ impl PoolController {
             idle,
             busy: !(no_queue && low_kv) || pace_busy,
             pace_busy,
+            pace_ms: signals.itl_ms.filter(|v| v.is_finite()),
         }
     }
 }

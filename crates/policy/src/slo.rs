@@ -100,6 +100,39 @@ impl Slo {
         let (ttft, tpot) = (self.ttft_ms?, self.tpot_ms?);
         Some(ttft as f64 + tpot as f64 * tokens.saturating_sub(1) as f64)
     }
+
+    /// The latest a request's first token may come with its objective still within reach: the
+    /// TTFT target for a stream. A whole answer is judged on its deadline only, which grows by
+    /// `tpot_ms` a token while decoding takes `pace_ms`: its first token may come as late as the
+    /// deadline less that decode, at the length most in its favour up to `max_tokens` (a refusal
+    /// must be sure; an unknown pace leaves the TTFT target). `None` when nothing judges the
+    /// first token (a whole answer without both TTFT and TPOT set).
+    pub fn first_token_budget_ms(
+        &self,
+        stream: bool,
+        max_tokens: u64,
+        pace_ms: Option<f64>,
+    ) -> Option<f64> {
+        let ttft = self.ttft_ms? as f64;
+        if stream {
+            return Some(ttft);
+        }
+        let tpot = self.tpot_ms? as f64;
+        let spare = pace_ms
+            .filter(|p| p.is_finite())
+            .map_or(0.0, |p| (tpot - p).max(0.0));
+        Some(ttft + spare * max_tokens.saturating_sub(1) as f64)
+    }
+}
+
+/// What a request asks of its pool, for the refusal of one that cannot be served in time: its
+/// objective (its tier's, tightened by its headers), whether it streams, and the most completion
+/// tokens it may produce after shaping.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Asked {
+    pub slo: Slo,
+    pub stream: bool,
+    pub max_tokens: u64,
 }
 
 /// What was measured of one served request.
@@ -203,40 +236,48 @@ pub fn ttft_estimate(delay_ms: Option<f64>, unloaded_ttft_ms: Option<f64>) -> Op
     Some(d + unloaded_ttft_ms.filter(|u| u.is_finite()).unwrap_or(0.0))
 }
 
-/// Whether a request of `tier` whose first token must come within `ttft_target_ms` is refused
-/// before it costs GPU time: the pool's estimate is already past the target. Guaranteed is
-/// never refused for it; it is judged late instead.
-pub fn unattainable(tier: Tier, ttft_target_ms: Option<u64>, estimate_ms: Option<f64>) -> bool {
-    tier != Tier::Guaranteed
-        && ttft_target_ms
-            .zip(estimate_ms)
-            .is_some_and(|(t, e)| e > t as f64)
+/// Whether a request of `tier` whose first token must come within `budget_ms`
+/// ([`Slo::first_token_budget_ms`]) is refused before it costs GPU time: the pool's estimate
+/// is already past it. Guaranteed is never refused for it; it is judged late instead.
+pub fn unattainable(tier: Tier, budget_ms: Option<f64>, estimate_ms: Option<f64>) -> bool {
+    tier != Tier::Guaranteed && budget_ms.zip(estimate_ms).is_some_and(|(b, e)| e > b)
 }
 
-/// The refusal of a Standard or Best-Effort request whose first token its pool cannot give
-/// within `ttft_target_ms` now: for a decision that neither refuses it nor moves it to the
-/// fallback (judged where it runs), the estimate ([`ttft_estimate`]: vLLM's queue delay on the
-/// decision's pool plus the tier's learned unloaded TTFT there, else the lowest another tier
-/// learned) when it is past the target. The proxy and the benchmark's model ask the same.
+/// The refusal of a Standard or Best-Effort request whose objective its pool cannot meet now:
+/// for a decision that neither refuses it nor moves it to the fallback (judged where it runs),
+/// the estimate of its first token ([`ttft_estimate`]: vLLM's queue delay on the decision's pool
+/// plus the tier's learned unloaded TTFT there, else the lowest another tier learned) when it is
+/// past the latest its first token may come ([`Slo::first_token_budget_ms`], a whole answer
+/// decoding at the pool's pace). The proxy and the benchmark's model ask the same.
 pub fn refused_estimate(
     state: &crate::PolicyState,
     decision: &crate::Decision,
-    ttft_target_ms: Option<u64>,
+    asked: &Asked,
 ) -> Option<f64> {
     use crate::Action;
     if decision.action == Action::Reject || matches!(decision.action, Action::Fallback { .. }) {
         return None;
     }
     let ctl = &state.pools[decision.pool.signal_index()?];
-    let learned = |t: Tier| ctl.dims[t.index()][Dim::Ttft.index()].unloaded_ms;
-    let unloaded = learned(decision.tier).or_else(|| {
-        Tier::ALL
-            .into_iter()
-            .filter_map(learned)
-            .min_by(f64::total_cmp)
-    });
-    let estimate = ttft_estimate(ctl.delay_ms, unloaded);
-    unattainable(decision.tier, ttft_target_ms, estimate)
+    // The tier's own value, else the lowest another tier has on this pool.
+    let read = |d: Dim, get: fn(&crate::adaptive::DimReading) -> Option<f64>| {
+        let of = |t: Tier| get(&ctl.dims[t.index()][d.index()]);
+        of(decision.tier).or_else(|| Tier::ALL.into_iter().filter_map(of).min_by(f64::total_cmp))
+    };
+    let estimate = ttft_estimate(ctl.delay_ms, read(Dim::Ttft, |r| r.unloaded_ms));
+    // The batch's pace now (vLLM's, else the window's), else the learned unloaded one.
+    let pace = ctl
+        .pace_ms
+        .or_else(|| read(Dim::Tpot, |r| r.observed_ms))
+        .or_else(|| read(Dim::Tpot, |r| r.unloaded_ms));
+    let max_tokens = decision
+        .action
+        .max_tokens_cap()
+        .map_or(asked.max_tokens, |cap| asked.max_tokens.min(u64::from(cap)));
+    let budget = asked
+        .slo
+        .first_token_budget_ms(asked.stream, max_tokens, pace);
+    unattainable(decision.tier, budget, estimate)
         .then_some(estimate)
         .flatten()
 }
@@ -350,23 +391,87 @@ mod tests {
         // 700 ms of vLLM queue and 80 ms of prefill: a 500 ms first token is out of reach.
         let e = ttft_estimate(Some(700.0), Some(80.0));
         assert_eq!(e, Some(780.0));
-        assert!(unattainable(Tier::Standard, Some(500), e));
-        assert!(unattainable(Tier::BestEffort, Some(500), e));
-        assert!(!unattainable(Tier::Guaranteed, Some(500), e));
+        assert!(unattainable(Tier::Standard, Some(500.0), e));
+        assert!(unattainable(Tier::BestEffort, Some(500.0), e));
+        assert!(!unattainable(Tier::Guaranteed, Some(500.0), e));
         // Within reach, no target, or no queue reading: admitted.
-        assert!(!unattainable(Tier::Standard, Some(800), e));
+        assert!(!unattainable(Tier::Standard, Some(800.0), e));
         assert!(!unattainable(Tier::Standard, None, e));
         assert!(!unattainable(
             Tier::Standard,
-            Some(1),
+            Some(1.0),
             ttft_estimate(None, Some(80.0))
         ));
         // No queue: nothing is refused, whatever the prefill.
         assert_eq!(ttft_estimate(Some(0.0), Some(900.0)), None);
         assert!(!unattainable(
             Tier::Standard,
-            Some(1),
+            Some(1.0),
             ttft_estimate(Some(0.0), Some(900.0))
+        ));
+    }
+
+    #[test]
+    fn a_whole_answer_may_start_as_late_as_its_deadline_leaves_room_for() {
+        let slo = Slo {
+            ttft_ms: Some(500),
+            tpot_ms: Some(50),
+            e2e_ms: None,
+        };
+        // A stream: its first token by the TTFT target, however long the answer.
+        assert_eq!(
+            slo.first_token_budget_ms(true, 200, Some(20.0)),
+            Some(500.0)
+        );
+        // A whole answer of up to 200 tokens decoding at 20 ms: its deadline grows 50 ms a
+        // token and its decode 20, so its first token may come 30 × 199 ms later.
+        assert_eq!(
+            slo.first_token_budget_ms(false, 200, Some(20.0)),
+            Some(500.0 + 30.0 * 199.0)
+        );
+        // Decoding slower than its TPOT target: the shortest answer is its best chance.
+        assert_eq!(
+            slo.first_token_budget_ms(false, 200, Some(80.0)),
+            Some(500.0)
+        );
+        // Pace unknown, or a single token: the TTFT target.
+        assert_eq!(slo.first_token_budget_ms(false, 200, None), Some(500.0));
+        assert_eq!(slo.first_token_budget_ms(false, 1, Some(20.0)), Some(500.0));
+        // TTFT alone does not judge a whole answer (it has no deadline), nor does TPOT alone.
+        let ttft_only = Slo {
+            tpot_ms: None,
+            ..slo
+        };
+        assert_eq!(
+            ttft_only.first_token_budget_ms(false, 200, Some(20.0)),
+            None
+        );
+        assert_eq!(
+            ttft_only.first_token_budget_ms(true, 200, Some(20.0)),
+            Some(500.0)
+        );
+        let tpot_only = Slo {
+            ttft_ms: None,
+            ..slo
+        };
+        assert_eq!(tpot_only.first_token_budget_ms(true, 200, Some(20.0)), None);
+        // 780 ms of first token: the stream is refused, the whole answer of 200 tokens is not,
+        // a whole answer of one token is.
+        let e = ttft_estimate(Some(700.0), Some(80.0));
+        assert!(unattainable(
+            Tier::Standard,
+            slo.first_token_budget_ms(true, 200, Some(20.0)),
+            e
+        ));
+        assert!(!unattainable(
+            Tier::Standard,
+            slo.first_token_budget_ms(false, 200, Some(20.0)),
+            e
+        ));
+        assert!(unattainable(
+            Tier::Standard,
+            slo.first_token_budget_ms(false, 1, Some(20.0)),
+            e
         ));
     }
 

@@ -184,7 +184,7 @@ async fn decide_and_admit(app: &ProxyState, session: &mut Session, ctx: &mut Ctx
             sluice_policy::adaptive::Outcome::arrival(decided_at, tier),
         );
     }
-    if let Some(r) = unattainable(ctx, state, tier) {
+    if let Some(r) = unattainable(ctx, state, tier, rules.adaptive.assumed_max_tokens) {
         return Ok(Err(r));
     }
     if ctx
@@ -245,10 +245,26 @@ fn objective(session: &Session, ctx: &Ctx, rules: &PolicyRules, tier: Tier) -> S
 
 /// A Standard or Best-Effort request whose first token its pool cannot give in time now is
 /// refused before it costs GPU time, with the estimate in the body (adaptive mode; a request
-/// moved to the fallback is judged where it runs and is not refused for it).
-fn unattainable(ctx: &mut Ctx, state: &PolicyState, tier: Tier) -> Option<Refusal> {
+/// moved to the fallback is judged where it runs and is not refused for it). A whole answer's
+/// first token may come as late as its deadline leaves room for (`slo::Asked`); a body without
+/// `max_tokens` may run to `assumed_max_tokens`.
+fn unattainable(
+    ctx: &mut Ctx,
+    state: &PolicyState,
+    tier: Tier,
+    assumed_max_tokens: u64,
+) -> Option<Refusal> {
     let target = ctx.slo.ttft_ms?;
-    let estimate = slo::refused_estimate(state, ctx.decision.as_ref()?, Some(target))?;
+    let facts = ctx.facts.as_ref();
+    let asked = slo::Asked {
+        slo: ctx.slo,
+        stream: facts.is_some_and(|f| f.stream),
+        max_tokens: facts
+            .and_then(|f| f.max_tokens)
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or(assumed_max_tokens),
+    };
+    let estimate = slo::refused_estimate(state, ctx.decision.as_ref()?, &asked)?;
     let delay = ctx
         .decision
         .as_ref()
@@ -261,10 +277,19 @@ fn unattainable(ctx: &mut Ctx, state: &PolicyState, tier: Tier) -> Option<Refusa
     let body = serde_json::json!({"error": {
         "type": "sluice_capacity",
         "code": "slo_unattainable",
-        "message": format!(
-            "{tier} request rejected by Sluice: its first token is estimated at {estimate} ms on \
-             this pool (vLLM's queue delay and prefill), past its {target} ms TTFT target."
-        ),
+        "message": if asked.stream {
+            format!(
+                "{tier} request rejected by Sluice: its first token is estimated at {estimate} ms \
+                 on this pool (vLLM's queue delay and prefill), past its {target} ms TTFT target."
+            )
+        } else {
+            format!(
+                "{tier} request rejected by Sluice: its first token is estimated at {estimate} ms \
+                 on this pool (vLLM's queue delay and prefill), too late for the whole answer to \
+                 be complete within its {target} ms TTFT and {} ms TPOT targets.",
+                asked.slo.tpot_ms.unwrap_or_default()
+            )
+        },
         "reason": reason.as_str(),
         "tier": tier.as_str(),
         "ttft_target_ms": target,
