@@ -259,17 +259,25 @@ pub fn refused_estimate(
         return None;
     }
     let ctl = &state.pools[decision.pool.signal_index()?];
-    // The tier's own value, else the lowest another tier has on this pool.
-    let read = |d: Dim, get: fn(&crate::adaptive::DimReading) -> Option<f64>| {
-        let of = |t: Tier| get(&ctl.dims[t.index()][d.index()]);
+    // The tier's own value, else the lowest another tier has on this pool: its learned
+    // unloaded value, or its reading over the window.
+    let read = |d: Dim, unloaded: bool| {
+        let of = |t: Tier| {
+            let r = &ctl.dims[t.index()][d.index()];
+            if unloaded {
+                r.unloaded_ms
+            } else {
+                r.observed_ms
+            }
+        };
         of(decision.tier).or_else(|| Tier::ALL.into_iter().filter_map(of).min_by(f64::total_cmp))
     };
-    let estimate = ttft_estimate(ctl.delay_ms, read(Dim::Ttft, |r| r.unloaded_ms));
+    let estimate = ttft_estimate(ctl.delay_ms, read(Dim::Ttft, true));
     // The batch's pace now (vLLM's, else the window's), else the learned unloaded one.
     let pace = ctl
         .pace_ms
-        .or_else(|| read(Dim::Tpot, |r| r.observed_ms))
-        .or_else(|| read(Dim::Tpot, |r| r.unloaded_ms));
+        .or_else(|| read(Dim::Tpot, false))
+        .or_else(|| read(Dim::Tpot, true));
     let max_tokens = decision
         .action
         .max_tokens_cap()
