@@ -1,8 +1,8 @@
 //! Objectives in TTFT and TPOT over real HTTP against the simulator: per-request targets that
 //! tighten (never loosen) a tier's, the refusal of a request whose first token its pool cannot
 //! give in time, the per-tenant switch, and what a served stream leaves in the decision record,
-//! the metrics and `/status`, and Guaranteed's busy pool kept for it while its first-token
-//! target is tight.
+//! the metrics and `/status`, Guaranteed's busy pool kept for it while its first-token target
+//! is tight, and Guaranteed overflowing onto a calm spot pool where the operator asks.
 
 mod common;
 use common::*;
@@ -296,4 +296,72 @@ async fn standard_starts_nowhere_on_guaranteeds_busy_pool_while_its_first_token_
     s.clear_signal("/admin/pressure").await;
     busy(false).await;
     assert_eq!(reply("coding-assistant").await.0, admitted("on-demand"));
+}
+
+#[tokio::test]
+async fn guaranteed_overflows_to_a_calm_spot_pool_while_its_own_is_busy_when_asked() {
+    let od = sim("llama-3-70b", &[]).await;
+    let sp = sim("llama-3-70b,llama-3-8b", &[]).await;
+    let mut cfg = config(&[&od.addr], &[&sp.addr]);
+    merge(
+        &mut cfg,
+        json!({"policy": {"mode": "adaptive",
+                          "adaptive": {"guaranteed_overflow_to_spot": true}}}),
+    );
+    let s = serve(&cfg).await;
+    let busy = |pool: &'static str, want: bool| {
+        let s = &s;
+        async move {
+            wait_for(Duration::from_secs(5), "a pool's busy flag", || async {
+                let st = s.status().await;
+                (st["admission_control"]["pools"][pool]["busy"] == want).then_some(())
+            })
+            .await
+        }
+    };
+    let guaranteed = || async {
+        let r = s
+            .chat("support-bot", chat_body("llama-3-70b", Some(20)))
+            .await;
+        let seen = (
+            r.status().as_u16(),
+            header(&r, "x-sluice-reason").to_string(),
+            header(&r, "x-sluice-pool").to_string(),
+        );
+        let body: Value = r.json().await.unwrap_or_default();
+        (seen, body["model"].as_str().unwrap_or_default().to_string())
+    };
+    let served = |pool: &str| {
+        (
+            (200, "admitted_slo_headroom".to_string(), pool.to_string()),
+            "llama-3-70b".to_string(),
+        )
+    };
+    // The route of support-bot's `n`th request, once its record is in (newest first).
+    let route_of = |n: usize| {
+        let s = &s;
+        async move {
+            let rec = wait_for(Duration::from_secs(5), "support-bot's record", || async {
+                let rec = recent(s, "support-bot").await;
+                (rec.len() >= n).then(|| rec[0].clone())
+            })
+            .await;
+            rec["route_reason"].as_str().unwrap_or_default().to_string()
+        }
+    };
+
+    // Both pools calm: Guaranteed stays on its own.
+    busy("on-demand", false).await;
+    busy("spot", false).await;
+    assert_eq!(guaranteed().await, served("on-demand"));
+    assert_eq!(route_of(1).await, "route_tier_pool");
+    // Its own pool busy, spot calm: the same model, served on spot.
+    s.set_signal("/admin/pressure", 60.0).await;
+    busy("on-demand", true).await;
+    assert_eq!(guaranteed().await, served("spot"));
+    assert_eq!(route_of(2).await, "route_guaranteed_overflow");
+    // Spot busy too: nothing to borrow.
+    s.set_signal("/admin/pressure?pool=spot", 60.0).await;
+    busy("spot", true).await;
+    assert_eq!(guaranteed().await, served("on-demand"));
 }

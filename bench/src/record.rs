@@ -171,12 +171,13 @@ impl RequestRecord {
     }
 
     /// Moved to the fallback model: the model names the pool `fallback`; live, Sluice's
-    /// `x-sluice-pool` names the pool that serves the fallback model (`spot`), where only a
-    /// moved request of an on-demand tier runs.
+    /// `x-sluice-pool` names the pool that serves the fallback model (`spot`), where of
+    /// Standard only a moved request runs (Guaranteed, never moved, runs there with its own
+    /// model under `guaranteed_overflow_to_spot`).
     pub fn fallback(&self) -> bool {
         self.pool == "fallback"
             || self.decision == "fallback"
-            || (self.pool == "spot" && self.tier != Tier::BestEffort)
+            || (self.pool == "spot" && self.tier == Tier::Standard)
     }
 }
 

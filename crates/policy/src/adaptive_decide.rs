@@ -49,6 +49,11 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
         }
         p => (p, Reason::RouteTierPool),
     };
+    let (pool, route_reason) = if overflows_to_spot(state, rules, req, pool) {
+        (Pool::Spot, Reason::RouteGuaranteedOverflow)
+    } else {
+        (pool, route_reason)
+    };
     let ctl = &state.pools[pool.signal_index().unwrap_or(0)];
     let shares = ctl.shares(req.tier);
     let decision = |action, reason, pool, route_reason| Decision {
@@ -193,6 +198,27 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
             route_reason,
         ),
     }
+}
+
+/// `guaranteed_overflow_to_spot`: a Guaranteed request bound for a busy on-demand pool goes to
+/// the spot pool serving its model while that one is healthy and calm (level 0, not busy), so
+/// Guaranteed's arrivals are shared by two batches instead of growing one. Spot must be other
+/// capacity: on a backend shared with on-demand nothing would be relieved.
+fn overflows_to_spot(
+    state: &PolicyState,
+    rules: &PolicyRules,
+    req: &RequestFacts,
+    pool: Pool,
+) -> bool {
+    let [on_demand, spot] = &state.pools;
+    rules.adaptive.guaranteed_overflow_to_spot
+        && req.tier == Tier::Guaranteed
+        && pool == Pool::OnDemand
+        && req.spot_healthy
+        && !rules.spot_is_on_demand
+        && on_demand.busy
+        && spot.level == 0.0
+        && !spot.busy
 }
 
 /// Guaranteed has a TTFT objective on this pool, and its target is under `below_x` times its
@@ -522,6 +548,57 @@ mod tests {
             one(&off, &busy, facts(Tier::Standard, 1)),
             passed(Pool::OnDemand)
         );
+    }
+
+    /// `guaranteed_overflow_to_spot`: Guaranteed leaves its busy pool for a calm, healthy spot
+    /// pool that is other capacity, and only then; the lower tiers keep their routes.
+    #[test]
+    fn guaranteed_overflows_to_a_calm_spot_pool_only_while_its_own_is_busy() {
+        use super::super::adaptive::ladder;
+        let mut rules = PolicyRules::default();
+        rules.adaptive.guaranteed_overflow_to_spot = true;
+        let at = |od_busy: bool, spot_level: f64, spot_busy: bool| {
+            let mut s = PolicyState::initial();
+            s.pools[0] = PoolControl::idle(ladder(&rules, Pool::OnDemand));
+            s.pools[1] = PoolControl::idle(ladder(&rules, Pool::Spot));
+            s.pools[0].busy = od_busy;
+            s.pools[1].level = spot_level;
+            s.pools[1].busy = spot_busy;
+            s
+        };
+        let route = |r: &PolicyRules, s: &PolicyState, f: RequestFacts| {
+            let d = decide(s, r, &f);
+            (d.action, d.pool, d.route_reason)
+        };
+        let g = || RequestFacts {
+            spot_healthy: true,
+            ..facts(Tier::Guaranteed, 1)
+        };
+        let over = (Action::Pass, Pool::Spot, Reason::RouteGuaranteedOverflow);
+        let home = (Action::Pass, Pool::OnDemand, Reason::RouteTierPool);
+        assert_eq!(route(&rules, &at(true, 0.0, false), g()), over);
+        // Its own pool not busy, spot raising its level or busy, spot down, one backend for
+        // both, or the knob off: it stays home.
+        assert_eq!(route(&rules, &at(false, 0.0, false), g()), home);
+        assert_eq!(route(&rules, &at(true, 0.5, false), g()), home);
+        assert_eq!(route(&rules, &at(true, 0.0, true), g()), home);
+        let down = RequestFacts {
+            spot_healthy: false,
+            ..g()
+        };
+        assert_eq!(route(&rules, &at(true, 0.0, false), down), home);
+        let mut shared = rules.clone();
+        shared.spot_is_on_demand = true;
+        assert_eq!(route(&shared, &at(true, 0.0, false), g()), home);
+        let mut off = rules.clone();
+        off.adaptive.guaranteed_overflow_to_spot = false;
+        assert_eq!(route(&off, &at(true, 0.0, false), g()), home);
+        // Standard is not moved by it: on a busy pool the reserve rule decides for it.
+        let standard = RequestFacts {
+            spot_healthy: true,
+            ..facts(Tier::Standard, 1)
+        };
+        assert_ne!(route(&rules, &at(true, 0.0, false), standard).1, Pool::Spot);
     }
 
     #[test]

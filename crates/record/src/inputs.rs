@@ -424,6 +424,10 @@ pub fn fingerprint(rules: &PolicyRules, tier: Tier) -> RulesFingerprint {
         .word(a.baseline_half_life_ms)
         .f(a.queue_lookahead_samples)
         .word(u64::from(rules.spot_is_on_demand));
+    // Hashed only when on, so records made before the knob existed still match their rules.
+    if a.guaranteed_overflow_to_spot {
+        h.word(u64::MAX - 1);
+    }
     match rules.fallback_capacity {
         sluice_policy::tenant_policy::FallbackCapacity::None => h.word(0),
         sluice_policy::tenant_policy::FallbackCapacity::Separate => h.word(1),
