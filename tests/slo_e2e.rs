@@ -52,6 +52,28 @@ async fn recent(s: &Sluice, tenant: &str) -> Vec<Value> {
     v["decisions"].as_array().cloned().unwrap_or_default()
 }
 
+/// Waits until `/status` shows `pool`'s busy flag at `want`.
+async fn pool_busy(s: &Sluice, pool: &str, want: bool) {
+    wait_for(Duration::from_secs(5), "a pool's busy flag", || async {
+        let st = s.status().await;
+        (st["admission_control"]["pools"][pool]["busy"] == want).then_some(())
+    })
+    .await
+}
+
+/// A 20-token chat of `tenant`'s: (status, reason, pool) as the headers say, and the model
+/// that answered.
+async fn reply(s: &Sluice, tenant: &str) -> ((u16, String, String), String) {
+    let r = s.chat(tenant, chat_body("llama-3-70b", Some(20))).await;
+    let seen = (
+        r.status().as_u16(),
+        header(&r, "x-sluice-reason").to_string(),
+        header(&r, "x-sluice-pool").to_string(),
+    );
+    let body: Value = r.json().await.unwrap_or_default();
+    (seen, body["model"].as_str().unwrap_or_default().to_string())
+}
+
 #[tokio::test]
 async fn a_tightened_ttft_is_refused_only_while_the_queue_is_past_it() {
     // Two running slots and 40 ms a token: eight 60-token answers queue for seconds.
@@ -255,29 +277,8 @@ async fn standard_starts_nowhere_on_guaranteeds_busy_pool_while_its_first_token_
         }),
     );
     let s = serve(&cfg).await;
-    let busy = |want: bool| {
-        let s = &s;
-        async move {
-            wait_for(Duration::from_secs(5), "on-demand's busy flag", || async {
-                let st = s.status().await;
-                (st["admission_control"]["pools"]["on-demand"]["busy"] == want).then_some(())
-            })
-            .await
-        }
-    };
-    let reply = |tenant: &'static str| {
-        let s = &s;
-        async move {
-            let r = s.chat(tenant, chat_body("llama-3-70b", Some(20))).await;
-            let seen = (
-                r.status().as_u16(),
-                header(&r, "x-sluice-reason").to_string(),
-                header(&r, "x-sluice-pool").to_string(),
-            );
-            let body: Value = r.json().await.unwrap_or_default();
-            (seen, body["model"].as_str().unwrap_or_default().to_string())
-        }
-    };
+    let busy = |want: bool| pool_busy(&s, "on-demand", want);
+    let reply = |tenant: &'static str| reply(&s, tenant);
     let admitted = |pool: &str| (200, "admitted_slo_headroom".to_string(), pool.to_string());
 
     s.set_signal("/admin/pressure", 60.0).await;
@@ -309,28 +310,8 @@ async fn guaranteed_overflows_to_a_calm_spot_pool_while_its_own_is_busy_when_ask
                           "adaptive": {"guaranteed_overflow_to_spot": true}}}),
     );
     let s = serve(&cfg).await;
-    let busy = |pool: &'static str, want: bool| {
-        let s = &s;
-        async move {
-            wait_for(Duration::from_secs(5), "a pool's busy flag", || async {
-                let st = s.status().await;
-                (st["admission_control"]["pools"][pool]["busy"] == want).then_some(())
-            })
-            .await
-        }
-    };
-    let guaranteed = || async {
-        let r = s
-            .chat("support-bot", chat_body("llama-3-70b", Some(20)))
-            .await;
-        let seen = (
-            r.status().as_u16(),
-            header(&r, "x-sluice-reason").to_string(),
-            header(&r, "x-sluice-pool").to_string(),
-        );
-        let body: Value = r.json().await.unwrap_or_default();
-        (seen, body["model"].as_str().unwrap_or_default().to_string())
-    };
+    let busy = |pool: &'static str, want: bool| pool_busy(&s, pool, want);
+    let guaranteed = || reply(&s, "support-bot");
     let served = |pool: &str| {
         (
             (200, "admitted_slo_headroom".to_string(), pool.to_string()),
