@@ -271,25 +271,24 @@ fn unattainable(
         .and_then(|d| d.pool.signal_index())
         .and_then(|i| state.pools[i].delay_ms);
     let estimate = estimate.round();
+    let why = match asked.stream {
+        true => format!("past its {target} ms TTFT target"),
+        false => format!(
+            "too late for the whole answer to be complete within its {target} ms TTFT and {} ms \
+             TPOT targets",
+            asked.slo.tpot_ms.unwrap_or_default()
+        ),
+    };
     let reason = Reason::RejectSloUnattainable;
     ctx.reason = Some(reason);
     ctx.label = Some(Verdict::Reject);
     let body = serde_json::json!({"error": {
         "type": "sluice_capacity",
         "code": "slo_unattainable",
-        "message": if asked.stream {
-            format!(
-                "{tier} request rejected by Sluice: its first token is estimated at {estimate} ms \
-                 on this pool (vLLM's queue delay and prefill), past its {target} ms TTFT target."
-            )
-        } else {
-            format!(
-                "{tier} request rejected by Sluice: its first token is estimated at {estimate} ms \
-                 on this pool (vLLM's queue delay and prefill), too late for the whole answer to \
-                 be complete within its {target} ms TTFT and {} ms TPOT targets.",
-                asked.slo.tpot_ms.unwrap_or_default()
-            )
-        },
+        "message": format!(
+            "{tier} request rejected by Sluice: its first token is estimated at {estimate} ms on \
+             this pool (vLLM's queue delay and prefill), {why}."
+        ),
         "reason": reason.as_str(),
         "tier": tier.as_str(),
         "ttft_target_ms": target,
