@@ -52,6 +52,19 @@ async fn recent(s: &Sluice, tenant: &str) -> Vec<Value> {
     v["decisions"].as_array().cloned().unwrap_or_default()
 }
 
+/// Waits until Sluice has asked every backend its models (`/v1/models` lists the fallback
+/// model): until then a model's pools are not known, and the fallback or spot may be missed.
+async fn models_known(s: &Sluice) {
+    wait_for(Duration::from_secs(10), "model discovery", || async {
+        let v = get_json(&s.url("/v1/models")).await;
+        v["data"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["id"] == "llama-3-8b"))
+            .then_some(())
+    })
+    .await
+}
+
 /// Waits until `/status` shows `pool`'s busy flag at `want`.
 async fn pool_busy(s: &Sluice, pool: &str, want: bool) {
     wait_for(Duration::from_secs(5), "a pool's busy flag", || async {
@@ -277,6 +290,7 @@ async fn standard_starts_nowhere_on_guaranteeds_busy_pool_while_its_first_token_
         }),
     );
     let s = serve(&cfg).await;
+    models_known(&s).await;
     let busy = |want: bool| pool_busy(&s, "on-demand", want);
     let reply = |tenant: &'static str| reply(&s, tenant);
     let admitted = |pool: &str| (200, "admitted_slo_headroom".to_string(), pool.to_string());
@@ -310,6 +324,7 @@ async fn guaranteed_overflows_to_a_calm_spot_pool_while_its_own_is_busy_when_ask
                           "adaptive": {"guaranteed_overflow_to_spot": true}}}),
     );
     let s = serve(&cfg).await;
+    models_known(&s).await;
     let busy = |pool: &'static str, want: bool| pool_busy(&s, pool, want);
     let guaranteed = || reply(&s, "support-bot");
     let served = |pool: &str| {
