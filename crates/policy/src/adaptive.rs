@@ -314,6 +314,11 @@ pub struct PoolControl {
     pub work_limit: Option<f64>,
     /// Sluice's own work in flight on the pool at the sample.
     pub inflight_work: Option<f64>,
+    /// The work in flight this pool may reach with answers from another pool's tiers (the
+    /// fallback model, Guaranteed's overflow): where its cache would reach
+    /// `idle_pressure_below` or its pace would spend half the tightest TPOT budget of the
+    /// tiers it is home to. `None` while too little is known or in use to scale from.
+    pub lend_limit: Option<f64>,
     /// Per tier: its learned unloaded latency on this pool (ms), once it has answered here.
     pub unloaded_ms: [Option<f64>; 3],
     /// Per tier: its unloaded latency is at or above its target, so no shedding can get it
@@ -353,6 +358,7 @@ impl PoolControl {
             saturated: false,
             work_limit: None,
             inflight_work: None,
+            lend_limit: None,
             unloaded_ms: [None; 3],
             unattainable: [false; 3],
             dims: [[DimReading::default(); 3]; 3],
@@ -1118,6 +1124,34 @@ impl PoolController {
         // No protected tier on the pool, no pace limit, no ceiling.
         let predicted = ceiling::ceiling(&self.pace_fit, pace_limit, usage, signals.inflight_work);
         let work_limit = either(learned, predicted, f64::min);
+        // What the pool lends is judged for its own tenants, the lowest tier included: direct,
+        // they would have it to themselves (measured without it: Best-Effort on spot 3–9
+        // points under direct once Guaranteed overflows there). The pace mark is the one that
+        // calls a pool busy; the cache mark answers an engine whose pace does not grow with it
+        // and that queues once its cache is reserved.
+        let home_pace_limit = Tier::ALL
+            .into_iter()
+            .filter(|t| has_traffic(*t) && rules.tier(*t).preferred_pool == pool)
+            .filter(|t| !unattainable[t.index()])
+            .filter_map(|t| {
+                let d = &dims[t.index()][Dim::Tpot.index()];
+                let target = d.target_ms? as f64;
+                let base = d.unloaded_ms.unwrap_or(0.0).min(target);
+                Some(base + (1.0 - BUSY_PACE_BELOW) * (target - base))
+            })
+            .reduce(f64::min);
+        let pace_lend = ceiling::ceiling(
+            &self.pace_fit,
+            home_pace_limit,
+            usage,
+            signals.inflight_work,
+        );
+        let cache_lend = tuning
+            .idle_pressure_below
+            .zip(usage)
+            .zip(signals.inflight_work)
+            .and_then(|((mark, u), w)| ceiling::work_at(mark / 100.0, u, w));
+        let lend_limit = either(pace_lend, cache_lend, f64::min);
         PoolControl {
             level: self.level,
             steps,
@@ -1135,6 +1169,7 @@ impl PoolController {
             saturated,
             work_limit,
             inflight_work: signals.inflight_work,
+            lend_limit,
             unloaded_ms: primary(&dims, rules, |r| r.unloaded_ms),
             dims,
             unattainable,
@@ -2417,6 +2452,49 @@ mod tests {
             ctl.work_limit.is_some(),
             "Standard's own pool keeps a ceiling for it"
         );
+    }
+
+    /// What a pool lends to another pool's tiers is judged for its own, the lowest included:
+    /// spot, home to Best-Effort alone, lends up to where its pace would spend half of
+    /// Best-Effort's TPOT budget, or its cache would reach the idle mark, whichever comes first.
+    #[test]
+    fn a_pool_lends_only_what_its_own_tenants_can_spare() {
+        let mut rules = ttft_tpot_rules();
+        let only_be = |at: Millis, itl: f64| streams(at, Tier::BestEffort, 100.0, itl, 6);
+        // Best-Effort's pace budget 40 ms over its unloaded 20: half spent at 40 ms, reached at
+        // 67 % of the cache; the idle mark (50 %) comes first, at 5,000 tokens.
+        rules.tiers[Tier::BestEffort.index()].slo.tpot_ms = Some(60);
+        let ctl = on_a_pace_line(&mut PoolController::new(), Pool::Spot, &rules, only_be);
+        let lend = ctl.lend_limit.expect("a lend limit");
+        assert!((lend - 5_000.0).abs() < 1.0, "{lend}");
+        // A tighter budget, 10 ms over 20: half spent at 25 ms, at 17 % of the cache.
+        rules.tiers[Tier::BestEffort.index()].slo.tpot_ms = Some(30);
+        let ctl = on_a_pace_line(&mut PoolController::new(), Pool::Spot, &rules, only_be);
+        let u = ctl.dims[2][Dim::Tpot.index()].unloaded_ms.unwrap();
+        let expected = 10_000.0 * (u + 0.5 * (30.0 - u) - 20.0) / 30.0;
+        let lend = ctl.lend_limit.expect("a lend limit");
+        assert!(
+            lend < 5_000.0 && (lend - expected).abs() < 10.0,
+            "{lend} vs {expected}"
+        );
+        // Without the idle mark and the tiers' budgets, nothing bounds it.
+        let t = AdaptiveTuning {
+            idle_pressure_below: None,
+            ..Default::default()
+        };
+        let open = PolicyRules::default();
+        let mut c = PoolController::new();
+        let mut ctl = None;
+        for i in 0..60u64 {
+            let usage = (i % 6) as f64 * 0.06;
+            let signals = PoolSignals {
+                inflight_work: Some(10_000.0 * usage),
+                ..vllm(100.0 * usage, 0.0, 0.0, 20.0 + 30.0 * usage)
+            };
+            let at = 500 * (i + 1);
+            ctl = Some(c.observe(Pool::Spot, &open, &t, &signals, &[], at));
+        }
+        assert_eq!(ctl.unwrap().lend_limit, None);
     }
 
     /// Without streamed answers of its own a tier reads vLLM's pace (the batch decodes every

@@ -74,12 +74,13 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
         );
     }
     let u = draw(req.ticket);
-    // The fallback is other capacity only while the pool it runs on is not short itself.
+    // The fallback is other capacity only while the pool it runs on is not short itself, and
+    // has room to lend for this answer.
     let fallback_usable = req.fallback_available
         && req
             .fallback_pool
             .and_then(Pool::signal_index)
-            .is_none_or(|i| !state.pools[i].saturated);
+            .is_none_or(|i| !state.pools[i].saturated && lends(state, rules, req, i));
     // Past the fallback step, a request may still be moved where its tier may fall back and the
     // fallback is other capacity than this pool.
     let may_move = fallback_usable && tier.fallback_eligible && rules.fallback_relieves(pool);
@@ -219,6 +220,22 @@ fn overflows_to_spot(
         && on_demand.busy
         && spot.level == 0.0
         && !spot.busy
+        && lends(state, rules, req, Pool::Spot.signal_index().unwrap_or(1))
+}
+
+/// The pool at `index` has room for this request's work without passing its lend limit (a
+/// limit not known yet lends: the pool's level and pace still guard it).
+fn lends(state: &PolicyState, rules: &PolicyRules, req: &RequestFacts, index: usize) -> bool {
+    let (Some(ctl), Some(inflight)) = (state.pools.get(index), req.inflight_work.get(index)) else {
+        return true;
+    };
+    let work = work_gate::work_of(
+        req.prompt_tokens,
+        req.max_tokens,
+        None,
+        rules.adaptive.assumed_max_tokens,
+    );
+    !work_gate::over(*inflight, work, ctl.lend_limit, 1.0)
 }
 
 /// Guaranteed has a TTFT objective on this pool, and its target is under `below_x` times its
@@ -587,6 +604,23 @@ mod tests {
             ..g()
         };
         assert_eq!(route(&rules, &at(true, 0.0, false), down), home);
+        // Spot lends only up to its lend limit: 600 tokens in flight there, a 1,000-token
+        // limit, and this request's 1,024 would pass it; 200 in flight and a 300-token answer
+        // would not.
+        let mut full = at(true, 0.0, false);
+        full.pools[1].lend_limit = Some(1_000.0);
+        let heavy = RequestFacts {
+            inflight_work: [0.0, 600.0],
+            ..g()
+        };
+        assert_eq!(route(&rules, &full, heavy), home);
+        let light = RequestFacts {
+            inflight_work: [0.0, 200.0],
+            prompt_tokens: 100,
+            max_tokens: Some(200),
+            ..g()
+        };
+        assert_eq!(route(&rules, &full, light), over);
         let mut shared = rules.clone();
         shared.spot_is_on_demand = true;
         assert_eq!(route(&shared, &at(true, 0.0, false), g()), home);
@@ -599,6 +633,29 @@ mod tests {
             ..facts(Tier::Standard, 1)
         };
         assert_ne!(route(&rules, &at(true, 0.0, false), standard).1, Pool::Spot);
+    }
+
+    /// A fallback pool whose lend limit this answer would pass takes none of it: what moves
+    /// there must leave its own tenants their pace.
+    #[test]
+    fn a_fallback_pool_takes_no_more_than_it_can_lend() {
+        let rules = PolicyRules::default();
+        let mut s = guaranteed_short(None);
+        let moved = |s: &PolicyState, inflight: f64| {
+            (0..200)
+                .filter(|ticket| {
+                    let f = RequestFacts {
+                        inflight_work: [0.0, inflight],
+                        ..facts(Tier::Standard, *ticket)
+                    };
+                    decide(s, &rules, &f).pool == Pool::Fallback
+                })
+                .count()
+        };
+        assert!(moved(&s, 0.0) > 0, "{:?}", s.pools[0]);
+        s.pools[1].lend_limit = Some(2_000.0);
+        assert!(moved(&s, 500.0) > 0);
+        assert_eq!(moved(&s, 1_500.0), 0);
     }
 
     #[test]

@@ -82,9 +82,10 @@ pub struct AdaptiveTuning {
     pub reserve_ttft_below_x: Option<f64>,
     /// While Guaranteed's pool is busy (as `reserve_guaranteed_pool` reads it), a Guaranteed
     /// request goes to its model's spot pool when that pool is healthy and calm (level 0, not
-    /// busy): the two batches then share Guaranteed's arrivals and each decodes faster than
-    /// one alone. Off by default: spot capacity may be reclaimed, and an answer running there
-    /// then is lost (a retry covers only what failed before its first byte).
+    /// busy) and has room to lend for it (its lend limit): the two batches then share
+    /// Guaranteed's arrivals and each decodes faster than one alone. Spot capacity may be
+    /// reclaimed, and an answer running there then is lost (a retry covers only what failed
+    /// before its first byte): a fleet whose spot goes without notice turns this off.
     pub guaranteed_overflow_to_spot: bool,
     /// Gate lower tiers on the work in flight per pool ([`super::work_gate`]).
     pub work_gate: bool,
@@ -135,7 +136,7 @@ impl Default for AdaptiveTuning {
             fallback_pressure_at: Some(70.0),
             reserve_guaranteed_pool: None,
             reserve_ttft_below_x: Some(5.0),
-            guaranteed_overflow_to_spot: false,
+            guaranteed_overflow_to_spot: true,
             work_gate: false,
             work_share_standard: 0.9,
             work_share_best_effort: 0.7,
