@@ -250,7 +250,7 @@ async fn the_ledger_replays_unchanged_under_its_config_and_a_stricter_threshold_
     // The ledger stores them in their binary form; they read back whole, and
     // /decisions/recent and the export write them as objects.
     assert!(
-        rows.iter().all(|r| r["inputs"]["v"] == 1),
+        rows.iter().all(|r| r["inputs"]["v"] == 2),
         "every row has binary inputs: {}",
         rows[0]["inputs"]
     );
@@ -460,7 +460,7 @@ async fn jsonl_exports_and_the_request_log_replay_like_the_ledger_in_adaptive_mo
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(exported.len(), sent);
-    assert!(exported.iter().all(|r| r["inputs"]["v"] == 1));
+    assert!(exported.iter().all(|r| r["inputs"]["v"] == 2));
     let log = dir.join("requests.jsonl");
     let logged = s
         .log_when("a line for each request", |log| {

@@ -204,7 +204,10 @@ pub(super) fn decide(state: &PolicyState, rules: &PolicyRules, req: &RequestFact
 /// `guaranteed_overflow_to_spot`: a Guaranteed request bound for a busy on-demand pool goes to
 /// the spot pool serving its model while that one is healthy and calm (level 0, not busy), so
 /// Guaranteed's arrivals are shared by two batches instead of growing one. Spot must be other
-/// capacity: on a backend shared with on-demand nothing would be relieved.
+/// capacity (on a backend shared with on-demand nothing would be relieved) with room to lend
+/// (its own tenants keep their pace). Only where Guaranteed has a TPOT objective: the batch's
+/// pace is what it relieves, and with end-to-end targets alone the overflow cost Best-Effort
+/// on spot 2.5–4 points against direct for nothing Guaranteed lacked (measured, `slowdown`).
 fn overflows_to_spot(
     state: &PolicyState,
     rules: &PolicyRules,
@@ -214,6 +217,7 @@ fn overflows_to_spot(
     let [on_demand, spot] = &state.pools;
     rules.adaptive.guaranteed_overflow_to_spot
         && req.tier == Tier::Guaranteed
+        && rules.tier(Tier::Guaranteed).slo.tpot_ms.is_some()
         && pool == Pool::OnDemand
         && req.spot_healthy
         && !rules.spot_is_on_demand
@@ -574,6 +578,7 @@ mod tests {
         use super::super::adaptive::ladder;
         let mut rules = PolicyRules::default();
         rules.adaptive.guaranteed_overflow_to_spot = true;
+        rules.tiers[Tier::Guaranteed.index()].slo.tpot_ms = Some(50);
         let at = |od_busy: bool, spot_level: f64, spot_busy: bool| {
             let mut s = PolicyState::initial();
             s.pools[0] = PoolControl::idle(ladder(&rules, Pool::OnDemand));
@@ -627,6 +632,11 @@ mod tests {
         let mut off = rules.clone();
         off.adaptive.guaranteed_overflow_to_spot = false;
         assert_eq!(route(&off, &at(true, 0.0, false), g()), home);
+        // Without a TPOT objective for Guaranteed, a batch's pace costs it nothing it is
+        // judged on: it stays home, as end-to-end configurations always did.
+        let mut e2e = rules.clone();
+        e2e.tiers[Tier::Guaranteed.index()].slo.tpot_ms = None;
+        assert_eq!(route(&e2e, &at(true, 0.0, false), g()), home);
         // Standard is not moved by it: on a busy pool the reserve rule decides for it.
         let standard = RequestFacts {
             spot_healthy: true,

@@ -77,7 +77,7 @@ reasons! {
     FallbackCacheFilling => "fallback_cache_filling": "Adaptive mode: the pool's KV-cache usage is at fallback_pressure_at and the fallback runs on other capacity below it: moved to the fallback model, so the pool keeps room for the tiers above.",
     FallbackPoolReserved => "fallback_pool_reserved": "Adaptive mode, reserve_guaranteed_pool: Guaranteed's pool is busy, its TTFT target tight, and the fallback runs on other capacity that is calm (level 0, below fallback_pressure_at, its batch within half of its tiers' TPOT budgets): moved to the fallback model.",
     RejectPoolReserved => "reject_pool_reserved": "Adaptive mode, reserve_guaranteed_pool: Guaranteed's pool is busy, its TTFT target tight, and the fallback cannot take the request: refused, so the pool stays Guaranteed's. Never Guaranteed.",
-    RouteGuaranteedOverflow => "route_guaranteed_overflow": "Adaptive mode, guaranteed_overflow_to_spot: Guaranteed's pool is busy and the spot pool serving its model is calm: routed to spot.",
+    RouteGuaranteedOverflow => "route_guaranteed_overflow": "Adaptive mode, guaranteed_overflow_to_spot: Guaranteed's pool is busy and the spot pool serving its model is calm with room to lend: routed to spot.",
 }
 
 impl Reason {

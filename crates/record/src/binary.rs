@@ -58,6 +58,8 @@ pub fn encode(out: &mut Vec<u8>, i: &PolicyInputs) {
             p.sla_violation_rate.is_some(),
             p.work_limit.is_some(),
             p.saturated,
+            p.busy,
+            p.lend_limit.is_some(),
         ]));
         for v in [p.pressure, p.queue_depth, p.sla_violation_rate]
             .into_iter()
@@ -67,6 +69,9 @@ pub fn encode(out: &mut Vec<u8>, i: &PolicyInputs) {
         }
         float(out, p.level);
         if let Some(w) = p.work_limit {
+            float(out, w);
+        }
+        if let Some(w) = p.lend_limit {
             float(out, w);
         }
     }
@@ -187,7 +192,7 @@ impl Reader<'_> {
 
     fn inputs(&mut self) -> Option<PolicyInputs> {
         let v = self.byte()?;
-        if v != crate::inputs::VERSION {
+        if !crate::inputs::readable(v) {
             return None;
         }
         let mode = self.code()?;
@@ -205,7 +210,7 @@ impl Reader<'_> {
         let [fail_open, pressure_unavailable, fallback_active] = self.flags()?;
         let mut pools = [PoolRead::default(); 2];
         for p in &mut pools {
-            let [has_p, has_q, has_s, has_w, saturated] = self.flags()?;
+            let [has_p, has_q, has_s, has_w, saturated, busy, has_l] = self.flags()?;
             *p = PoolRead {
                 pressure: self.opt_float(has_p)?,
                 queue_depth: self.opt_float(has_q)?,
@@ -213,6 +218,8 @@ impl Reader<'_> {
                 level: self.float()?,
                 work_limit: self.opt_float(has_w)?,
                 saturated,
+                busy,
+                lend_limit: self.opt_float(has_l)?,
             };
         }
         let mut hash = || Some(u32::from_le_bytes(self.array()?));
@@ -296,6 +303,8 @@ mod tests {
             level: 1e-300,
             saturated: true,
             work_limit: Some(4.0),
+            busy: true,
+            lend_limit: Some(2.5e3),
         };
         odd.pools[1] = PoolRead::default();
         odd.decided.cap = Some(u32::MAX);
@@ -332,6 +341,35 @@ mod tests {
         crate::line::write_inputs_packed(&mut packed, &i);
         assert_eq!(decode(&packed), Some(i));
         assert_eq!(decode(&serde_json::to_vec(&i).unwrap()), Some(i));
+    }
+
+    /// A version 1 record (before pools recorded `busy` and `lend_limit`) still reads: the same
+    /// bytes, its pools not busy and without a lend limit.
+    #[test]
+    fn version_1_records_read_with_the_new_fields_at_their_defaults() {
+        let (mut i, _) = sample();
+        for p in &mut i.pools {
+            p.busy = false;
+            p.lend_limit = None;
+        }
+        let mut out = Vec::new();
+        encode(&mut out, &i);
+        out[1] = 1;
+        let back = decode(&out).expect("a version 1 record");
+        assert_eq!(back.v, 1);
+        assert_eq!(back.pools, i.pools);
+        let mut packed = Vec::new();
+        i.v = 1;
+        crate::line::write_inputs_packed(&mut packed, &i);
+        // Version 1 packed its pools without the last two fields.
+        let mut v1: serde_json::Value = serde_json::from_slice(&packed).unwrap();
+        for pool in v1[7].as_array_mut().unwrap() {
+            let fields = pool.as_array_mut().unwrap();
+            assert_eq!(fields.len(), 8, "{fields:?}");
+            fields.truncate(6);
+        }
+        let back: PolicyInputs = serde_json::from_value(v1).unwrap();
+        assert_eq!(back.pools, i.pools);
     }
 
     /// Every strict prefix, a trailing byte, another version and a code past the list's end all

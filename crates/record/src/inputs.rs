@@ -16,7 +16,15 @@ use sluice_policy::{
 };
 
 /// The format written now; replay skips records of another version (and says how many).
-pub const VERSION: u8 = 1;
+/// Version 2 added each pool's `busy` and `lend_limit`; version 1 records read as not busy,
+/// with no lend limit (their rows were written while nothing read them).
+pub const VERSION: u8 = 2;
+
+/// Whether records of version `v` are read: this one, and the one before it, which only lacks
+/// fields that read as their defaults.
+pub fn readable(v: u8) -> bool {
+    v == VERSION || v == 1
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PolicyInputs {
@@ -80,6 +88,11 @@ pub struct PoolRead {
     pub saturated: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub work_limit: Option<f64>,
+    /// The controller's busy reading: what lending Guaranteed's pool and its overflow read.
+    #[serde(default)]
+    pub busy: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lend_limit: Option<f64>,
 }
 
 impl PoolRead {
@@ -218,6 +231,8 @@ impl PolicyInputs {
                 level: finite(c.level),
                 saturated: c.saturated,
                 work_limit: finite_opt(c.work_limit),
+                busy: c.busy,
+                lend_limit: finite_opt(c.lend_limit),
             }
         };
         PolicyInputs {
@@ -306,6 +321,8 @@ impl PolicyInputs {
             ctl.rail = rail;
             ctl.saturated = read.saturated;
             ctl.work_limit = read.work_limit;
+            ctl.busy = read.busy;
+            ctl.lend_limit = read.lend_limit;
         }
         state.signals = od;
         state.spot_signals = spot;

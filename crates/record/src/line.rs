@@ -313,7 +313,7 @@ struct SampleShared {
     tier_state: TierRead,
     fallback_active: bool,
     /// Each pool's optional floats and level as bits, and its `saturated`.
-    pools: [([Option<u64>; 5], bool); 2],
+    pools: [([Option<u64>; 6], [bool; 2]); 2],
     rules: RulesFingerprint,
 }
 
@@ -328,8 +328,9 @@ impl SampleShared {
                     bits(p.sla_violation_rate),
                     Some(p.level.to_bits()),
                     bits(p.work_limit),
+                    bits(p.lend_limit),
                 ],
-                p.saturated,
+                [p.saturated, p.busy],
             )
         };
         SampleShared {
@@ -384,6 +385,8 @@ fn pool_read(out: &mut Vec<u8>, p: &PoolRead, form: Form) {
     o.f64(key!("level"), p.level);
     o.bool(key!("saturated"), p.saturated);
     o.some_f64(key!("work_limit"), p.work_limit);
+    o.bool(key!("busy"), p.busy);
+    o.some_f64(key!("lend_limit"), p.lend_limit);
     o.close();
 }
 

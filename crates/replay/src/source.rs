@@ -6,7 +6,7 @@ use serde::Serialize;
 use sluice_policy::slo::{judge, Dim, Measured, Slo};
 use sluice_policy::Tier;
 use sluice_record::decision::DecisionRecord;
-use sluice_record::inputs::{PolicyInputs, VERSION};
+use sluice_record::inputs::{readable, PolicyInputs};
 use std::io::BufRead;
 
 /// One recorded decision, reduced to what replay reads.
@@ -105,7 +105,7 @@ pub fn item_of(r: DecisionRecord, skipped: &mut Skipped) -> Option<Item> {
         }
         return None;
     };
-    if inputs.v != VERSION {
+    if !readable(inputs.v) {
         skipped.other_version += 1;
         return None;
     }
