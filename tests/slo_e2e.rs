@@ -282,7 +282,9 @@ async fn standard_starts_nowhere_on_guaranteeds_busy_pool_while_its_first_token_
     merge(
         &mut cfg,
         json!({
-            "policy": {"mode": "adaptive", "adaptive": {"window_ms": 2500, "min_samples": 3}},
+            // The rule alone: Guaranteed's overflow onto the calm spot pool has its own test.
+            "policy": {"mode": "adaptive", "adaptive": {"window_ms": 2500, "min_samples": 3,
+                                                        "guaranteed_overflow_to_spot": false}},
             "tiers": {"Guaranteed": {"slo": {"ttft_ms": 500, "tpot_ms": 50}},
                       "Standard": {"slo": {"ttft_ms": 1000, "tpot_ms": 100}},
                       "Best-Effort": {"slo": {"ttft_ms": 2000, "tpot_ms": 200}}},
