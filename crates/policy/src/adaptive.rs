@@ -1106,12 +1106,7 @@ impl PoolController {
         let pace_limit = Tier::ALL
             .into_iter()
             .filter(|t| protected(*t) && !unattainable[t.index()])
-            .filter_map(|t| {
-                let d = &dims[t.index()][Dim::Tpot.index()];
-                let target = d.target_ms? as f64;
-                let base = d.unloaded_ms.unwrap_or(0.0).min(target);
-                Some(base + (1.0 - tuning.escalate_below) * (target - base))
-            })
+            .filter_map(|t| pace_mark(&dims[t.index()], 1.0 - tuning.escalate_below))
             .reduce(f64::min);
         let learned = if tuning.work_gate {
             self.work
@@ -1125,7 +1120,7 @@ impl PoolController {
         let predicted = ceiling::ceiling(&self.pace_fit, pace_limit, usage, signals.inflight_work);
         let work_limit = either(learned, predicted, f64::min);
         // What the pool lends is judged for its own tenants, the lowest tier included: direct,
-        // they would have it to themselves (measured without it: Best-Effort on spot 3–9
+        // they would have it to themselves (measured without it: Best-Effort on spot up to 16
         // points under direct once Guaranteed overflows there). The pace mark is the one that
         // calls a pool busy; the cache mark answers an engine whose pace does not grow with it
         // and that queues once its cache is reserved.
@@ -1133,12 +1128,7 @@ impl PoolController {
             .into_iter()
             .filter(|t| has_traffic(*t) && rules.tier(*t).preferred_pool == pool)
             .filter(|t| !unattainable[t.index()])
-            .filter_map(|t| {
-                let d = &dims[t.index()][Dim::Tpot.index()];
-                let target = d.target_ms? as f64;
-                let base = d.unloaded_ms.unwrap_or(0.0).min(target);
-                Some(base + (1.0 - BUSY_PACE_BELOW) * (target - base))
-            })
+            .filter_map(|t| pace_mark(&dims[t.index()], 1.0 - BUSY_PACE_BELOW))
             .reduce(f64::min);
         let pace_lend = ceiling::ceiling(
             &self.pace_fit,
@@ -1179,6 +1169,15 @@ impl PoolController {
             pace_ms: signals.itl_ms.filter(|v| v.is_finite()),
         }
     }
+}
+
+/// The pace (ms a token) at which a tier has spent `spent` of its TPOT budget on this pool: its
+/// learned unloaded pace plus that share of the way to its target.
+fn pace_mark(dims: &[DimReading; 3], spent: f64) -> Option<f64> {
+    let d = &dims[Dim::Tpot.index()];
+    let target = d.target_ms? as f64;
+    let base = d.unloaded_ms.unwrap_or(0.0).min(target);
+    Some(base + spent * (target - base))
 }
 
 /// Two readings joined by `join` when both are known, else whichever is.
